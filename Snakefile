@@ -1,0 +1,21 @@
+# kvlab: what a KV cache and the sampling knobs do to MiniMind.
+# This file only sets up: the rules live in rules/, the logic in the kvlab package.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/default_model.smk"
+include: "rules/lab.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        LAB_RESULTS,
+        "results/report.md",
+    default_target: True

@@ -1,0 +1,210 @@
+"""The lab sheet's steps as plain functions: each takes loaded models and returns the dicts
+that the workflow writes as JSON. Snakemake scripts only load inputs and call these.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from kvlab.model import MiniMindForCausalLM, kv_cache_bytes
+from kvlab.sampling import top_p_keep
+from kvlab.tokenizer import Tokenizer
+
+# Greedy decoding with every knob off, as the lab sheet asks for steps 1-3.
+GREEDY = dict(do_sample=False, top_k=0, top_p=1.0, eos_token_id=None)
+
+
+class DataError(ValueError):
+    """Validation data that cannot be used, with a one-line reason naming the file (and line)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("config key 'device' is 'cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def read_val_texts(path, n_docs: int) -> list[str]:
+    """The first `n_docs` texts of a pretrain_val.jsonl. Blank lines and a UTF-8 BOM are fine."""
+    path = Path(path)
+    texts: list[str] = []
+    with open(path, encoding="utf-8-sig") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line_no}: not a JSON object ({err.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise DataError(f'{path}:{line_no}: expected an object with a string "text" field')
+            texts.append(record["text"])
+            if len(texts) == n_docs:
+                return texts
+    raise DataError(f"{path}: has {len(texts)} documents, the lab needs n_docs={n_docs}")
+
+
+def make_prompt(tokenizer: Tokenizer, texts: list[str], cut_tokens: int) -> dict:
+    """Join texts with single spaces, encode without special tokens, cut, put bos in front."""
+    text = " ".join(texts)
+    ids = tokenizer.encode(text)
+    if len(ids) < cut_tokens:
+        raise DataError(
+            f"the first {len(texts)} validation documents give {len(ids)} tokens, fewer than cut_tokens={cut_tokens}"
+        )
+    prompt_ids = [tokenizer.bos_id] + ids[:cut_tokens]
+    return {"ids": prompt_ids, "prompt_len": len(prompt_ids), "n_docs": len(texts), "cut_tokens": cut_tokens, "text": text}
+
+
+@contextmanager
+def counting_forward(model: MiniMindForCausalLM):
+    """Wrap `model.forward` (which `generate` calls) and record the length of every input it gets."""
+    fed_lengths: list[int] = []
+    original = model.forward
+
+    def forward(input_ids, *args, **kwargs):
+        fed_lengths.append(int(input_ids.shape[1]))
+        return original(input_ids, *args, **kwargs)
+
+    model.forward = forward
+    try:
+        yield fed_lengths
+    finally:
+        del model.forward  # the instance attribute goes; the class method shows through again
+
+
+def greedy_with_and_without_cache(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens: int, device) -> tuple[dict, dict]:
+    """Steps 1 and 2: the same greedy generation twice; returns (same.json, count.json)."""
+    prompt = torch.tensor([prompt_ids], device=device)
+    model.check_room(len(prompt_ids), new_tokens)
+    new_ids = {}
+    fed = {}
+    for use_cache in (True, False):
+        with counting_forward(model) as fed_lengths:
+            out = model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+        new_ids[use_cache] = out[0, len(prompt_ids):].tolist()
+        fed[use_cache] = sum(fed_lengths)
+    same = {
+        "same_ids": new_ids[True] == new_ids[False],
+        "ids": new_ids[True],
+        "prompt_len": len(prompt_ids),
+        "new_tokens": len(new_ids[True]),
+    }
+    count = {
+        "prompt_len": len(prompt_ids),
+        "new_tokens": len(new_ids[True]),
+        "fed_with_cache": fed[True],
+        "fed_without_cache": fed[False],
+    }
+    return same, count
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, device) -> tuple[dict, dict]:
+    """Step 3: warm-up runs, then `repeats` timed runs of each mode; median seconds.
+
+    Returns (time.json, the raw runs)."""
+    prompt = torch.tensor([prompt_ids], device=device)
+    model.check_room(len(prompt_ids), new_tokens)
+    runs: dict[str, list[float]] = {}
+    for label, use_cache in (("with_cache", True), ("without_cache", False)):
+        for _ in range(warmup):
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+        seconds = []
+        for _ in range(repeats):
+            _sync(device)
+            start = time.perf_counter()
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+            _sync(device)
+            seconds.append(time.perf_counter() - start)
+        runs[label] = seconds
+    with_s = statistics.median(runs["with_cache"])
+    without_s = statistics.median(runs["without_cache"])
+    result = {"with_cache_s": with_s, "without_cache_s": without_s, "speedup": without_s / with_s}
+    raw = {
+        "runs_s": runs,
+        "warmup": warmup,
+        "repeats": repeats,
+        "new_tokens": new_tokens,
+        "prompt_len": len(prompt_ids),
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+    }
+    return result, raw
+
+
+def kv_formula_bytes(model: MiniMindForCausalLM, tokens: int, bytes_per_element: int) -> int:
+    """2 (K and V) x layers x tokens x kv_heads x head_dim x bytes per element."""
+    c = model.config
+    return 2 * c.num_hidden_layers * tokens * c.num_key_value_heads * c.head_dim * bytes_per_element
+
+
+def measure_kv_bytes(model: MiniMindForCausalLM, tokens: int, seed: int, device) -> dict:
+    """Step 4: feed `tokens` random ids with the cache on and weigh what comes back."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size, (1, tokens), generator=generator).to(device)
+    with torch.inference_mode():
+        cache = model(ids, use_cache=True).past_key_values
+    first_k = cache[0][0]
+    return {
+        "tokens": tokens,
+        "measured_bytes": kv_cache_bytes(cache),
+        "formula_bytes": kv_formula_bytes(model, tokens, first_k.element_size()),
+        "k_shape": list(first_k.shape),
+    }
+
+
+def answer_text(tokenizer: Tokenizer, new_ids: list[int]) -> str:
+    """Decode an answer and cut it before the first eos (<|im_end|>)."""
+    return tokenizer.decode(new_ids).split(tokenizer.eos_token)[0]
+
+
+def temperature_answers(model, tokenizer: Tokenizer, question: str, temperatures, samples: int,
+                        max_new_tokens: int, seed: int, device) -> tuple[dict, dict]:
+    """Step 5: for each temperature, reseed and draw `samples` answers. Returns (temp.json, answers)."""
+    chat = tokenizer.chat_text([{"role": "user", "content": question}], add_generation_prompt=True)
+    prompt_ids = tokenizer.encode(chat)
+    prompt = torch.tensor([prompt_ids], device=device)
+    model.check_room(len(prompt_ids), max_new_tokens)
+    counts, answers = {}, {}
+    for temperature in temperatures:
+        torch.manual_seed(seed)
+        out = model.generate(
+            prompt, max_new_tokens=max_new_tokens, temperature=temperature, do_sample=True, top_k=0,
+            top_p=1.0, num_return_sequences=samples, eos_token_id=tokenizer.eos_id,
+        )
+        texts = [answer_text(tokenizer, row[len(prompt_ids):].tolist()) for row in out]
+        key = str(temperature)
+        counts[key] = {"distinct": len(set(texts))}
+        answers[key] = texts
+    side = {"question": question, "chat_text": chat, "seed": seed, "answers": answers,
+            "chat_template": "tokenizer" if tokenizer.has_chat_template else "ChatML fallback"}
+    return counts, side
+
+
+def next_token_logits(model, tokenizer: Tokenizer, prefix: str, device) -> torch.Tensor:
+    """Logits at the last position after [bos] + prefix, shape (1, vocab)."""
+    ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(prefix)], device=device)
+    with torch.inference_mode():
+        return model(ids).logits[:, -1, :].float()
+
+
+def top_p_survivors(logits: torch.Tensor, ps) -> dict:
+    """Step 6: how many tokens MiniMind's top-p rule keeps at each p."""
+    return {str(p): int(top_p_keep(logits, p).sum()) for p in ps}

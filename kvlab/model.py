@@ -1,0 +1,275 @@
+"""MiniMind in plain PyTorch: the same layers, parameter names and `generate` as MiniMind.
+
+Read top to bottom: config, RMSNorm, rotary position tables, attention with
+grouped-query heads (the KV cache lives here), the SwiGLU MLP, one block, the
+stack, and the causal-LM head with its `generate` loop.
+
+Shapes: B batch, T tokens fed this call, S cached + fed tokens, H query heads,
+KV key/value heads, D head_dim, C hidden_size, V vocab_size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvlab import sampling
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class MiniMindConfig:
+    hidden_size: int = 768
+    num_hidden_layers: int = 8
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    head_dim: int | None = None  # default hidden_size // num_attention_heads
+    intermediate_size: int | None = None  # default ceil(hidden_size * pi / 64) * 64
+    vocab_size: int = 6400
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    qk_norm: bool = True  # minimind-3 has per-head q_norm/k_norm; MiniMind2 (2025) has not
+    flash_attn: bool = True  # use PyTorch's fused attention for a cache-free prefill, as MiniMind
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = math.ceil(self.hidden_size * math.pi / 64) * 64
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * normed).type_as(x)
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position, each (max_positions, head_dim), halves repeated."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(max_positions), inv_freq).float()
+    cos = torch.cat([torch.cos(angles), torch.cos(angles)], dim=-1)
+    sin = torch.cat([torch.sin(angles), torch.sin(angles)], dim=-1)
+    return cos, sin
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, heads, D); cos, sin: (T, D)."""
+    return ((x * cos.unsqueeze(1)) + (rotate_half(x) * sin.unsqueeze(1))).to(x.dtype)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, S, KV, D) -> (B, S, KV * n_rep, D): each KV head serves n_rep query heads."""
+    if n_rep == 1:
+        return x
+    batch, length, kv_heads, head_dim = x.shape
+    expanded = x[:, :, :, None, :].expand(batch, length, kv_heads, n_rep, head_dim)
+    return expanded.reshape(batch, length, kv_heads * n_rep, head_dim)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: MiniMindConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.n_rep = self.num_heads // self.num_kv_heads
+        self.head_dim = config.head_dim
+        self.use_flash = config.flash_attn
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, past_kv=None, use_cache=False):
+        batch, fed, _ = x.shape
+        q = self.q_proj(x).view(batch, fed, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, fed, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, fed, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past_kv is not None:
+            k = torch.cat([past_kv[0], k], dim=1)  # (B, S, KV, D)
+            v = torch.cat([past_kv[1], v], dim=1)
+        # The cache keeps K and V *before* repeat_kv: GQA's saving is the cache's saving.
+        present = (k, v) if use_cache else None
+        q = q.transpose(1, 2)  # (B, H, T, D)
+        k = repeat_kv(k, self.n_rep).transpose(1, 2)  # (B, H, S, D)
+        v = repeat_kv(v, self.n_rep).transpose(1, 2)
+        if self.use_flash and fed > 1 and past_kv is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, S)
+            causal = torch.full((fed, fed), float("-inf"), device=scores.device).triu(1)
+            scores[:, :, :, -fed:] += causal
+            out = F.softmax(scores.float(), dim=-1).type_as(q) @ v
+        out = out.transpose(1, 2).reshape(batch, fed, -1)
+        return self.o_proj(out), present
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: MiniMindConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: MiniMindConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, past_kv=None, use_cache=False):
+        attn_out, present = self.self_attn(self.input_layernorm(x), cos, sin, past_kv, use_cache)
+        x = attn_out + x
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, present
+
+
+class MiniMindModel(nn.Module):
+    def __init__(self, config: MiniMindConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        cos, sin = rope_tables(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.register_buffer("freqs_cos", cos, persistent=False)
+        self.register_buffer("freqs_sin", sin, persistent=False)
+
+    def forward(self, input_ids, past_key_values=None, use_cache=False):
+        fed = input_ids.shape[1]
+        start = past_key_values[0][0].shape[1] if past_key_values else 0
+        if start + fed > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence of {start + fed} tokens exceeds max_position_embeddings "
+                f"({self.config.max_position_embeddings})"
+            )
+        past_key_values = past_key_values or [None] * len(self.layers)
+        cos = self.freqs_cos[start : start + fed]  # positions continue from the cache length
+        sin = self.freqs_sin[start : start + fed]
+        hidden = self.embed_tokens(input_ids)
+        presents = []
+        for layer, past_kv in zip(self.layers, past_key_values):
+            hidden, present = layer(hidden, cos, sin, past_kv, use_cache)
+            presents.append(present)
+        return self.norm(hidden), presents
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  # (B, T, V)
+    past_key_values: KVCache | None  # per layer (k, v), each (B, S, KV, D)
+
+
+class MiniMindForCausalLM(nn.Module):
+    def __init__(self, config: MiniMindConfig | None = None):
+        super().__init__()
+        self.config = config or MiniMindConfig()
+        self.model = MiniMindModel(self.config)
+        self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+        if self.config.tie_word_embeddings:
+            self.model.embed_tokens.weight = self.lm_head.weight
+
+    def forward(self, input_ids, past_key_values=None, use_cache=False) -> CausalLMOutput:
+        hidden, presents = self.model(input_ids, past_key_values, use_cache)
+        return CausalLMOutput(logits=self.lm_head(hidden), past_key_values=presents if use_cache else None)
+
+    def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Refuse, before any work, a generation that would run past the position table."""
+        limit = self.config.max_position_embeddings
+        if prompt_len + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"model's max_position_embeddings ({limit})"
+            )
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        inputs: torch.Tensor,
+        max_new_tokens: int = 8192,
+        temperature: float = 0.85,
+        top_p: float = 0.85,
+        top_k: int = 50,
+        eos_token_id: int | None = 2,
+        use_cache: bool = True,
+        num_return_sequences: int = 1,
+        do_sample: bool = True,
+        repetition_penalty: float = 1.0,
+    ) -> torch.Tensor:
+        """MiniMind's generation loop. Returns prompt + new ids, (B * num_return_sequences, P + n).
+
+        Each step feeds `self.forward` only what the cache has not seen yet: the
+        whole prompt first (prefill), then one token a step with the cache, or
+        everything so far again without it.
+        """
+        sampling.check_temperature(temperature, do_sample)
+        self.check_room(inputs.shape[1], max_new_tokens)
+        input_ids = inputs.repeat(num_return_sequences, 1)
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        past_key_values = None
+        for _ in range(max_new_tokens):
+            past_len = past_key_values[0][0].shape[1] if past_key_values else 0
+            outputs = self.forward(input_ids[:, past_len:], past_key_values=past_key_values, use_cache=use_cache)
+            logits = sampling.apply_temperature(outputs.logits[:, -1, :], temperature, do_sample)
+            logits = sampling.apply_repetition_penalty(logits, input_ids, repetition_penalty)
+            logits = sampling.top_k_filter(logits, top_k)
+            logits = sampling.top_p_filter(logits, top_p)
+            next_token = sampling.pick_next_token(logits, do_sample)
+            if eos_token_id is not None:
+                # rows that already finished keep receiving eos
+                next_token = torch.where(finished.unsqueeze(-1), torch.full_like(next_token, eos_token_id), next_token)
+            input_ids = torch.cat([input_ids, next_token], dim=-1)
+            past_key_values = outputs.past_key_values if use_cache else None
+            if eos_token_id is not None:
+                finished |= next_token.squeeze(-1).eq(eos_token_id)
+                if finished.all():
+                    break
+        return input_ids
+
+
+def kv_cache_bytes(past_key_values: KVCache) -> int:
+    """Bytes held by every tensor of a cache, as allocated."""
+    return sum(t.numel() * t.element_size() for pair in past_key_values for t in pair)

@@ -1,0 +1,82 @@
+"""The sampling knobs of MiniMind's `generate`, one small function each.
+
+`generate` applies them in this order to the last position's logits:
+temperature, repetition penalty, top-k, top-p. Every experiment that needs one
+of these rules calls the function here, so there is exactly one definition of
+each rule in the project.
+"""
+
+import torch
+
+
+def check_temperature(temperature: float, do_sample: bool) -> None:
+    """Sampling at a temperature <= 0 is undefined (MiniMind would divide by zero
+    and sample from NaN), so it is refused."""
+    if do_sample and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling (do_sample=True), got {temperature}")
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float, do_sample: bool) -> torch.Tensor:
+    """Divide logits by the temperature, as MiniMind does before any other knob.
+
+    Greedy decoding only takes the argmax, which a positive scale cannot
+    change, so a temperature <= 0 there leaves the logits as they are.
+    """
+    check_temperature(temperature, do_sample)
+    if temperature > 0:
+        return logits / temperature
+    return logits
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Sign-aware repetition penalty over the ids each row has seen.
+
+    logits: (batch, vocab); seen_ids: (batch, length), every id already in the row.
+    A seen token's positive logit is divided by the penalty, a negative one multiplied.
+    """
+    if penalty == 1.0:
+        return logits
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen.scatter_(1, seen_ids, True)
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row (and any tied with the k-th); the rest become -inf."""
+    if k <= 0:
+        return logits
+    kth_largest = torch.topk(logits, k)[0][..., -1, None]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def top_p_keep(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """MiniMind's nucleus rule: a boolean mask of the tokens that survive top-p.
+
+    Sort each row by logit, descending; a token is cut when the cumulative
+    softmax probability *before it* already exceeds p. Equivalently: the mask
+    "cumsum > p" is shifted right by one slot, so the token that first crosses p
+    survives, and the top token always survives.
+
+    logits: (batch, vocab) -> bool mask of the same shape, True = kept.
+    """
+    sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+    cumulative = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    cut_sorted = torch.zeros_like(cumulative, dtype=torch.bool)
+    cut_sorted[..., 1:] = cumulative[..., :-1] > p
+    cut = cut_sorted.scatter(-1, sorted_indices, cut_sorted)
+    return ~cut
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Set every logit that `top_p_keep` cuts to -inf (no-op when p >= 1)."""
+    if p >= 1.0:
+        return logits
+    return logits.masked_fill(~top_p_keep(logits, p), float("-inf"))
+
+
+def pick_next_token(logits: torch.Tensor, do_sample: bool) -> torch.Tensor:
+    """Draw one token per row from softmax(logits), or take the argmax. Returns (batch, 1)."""
+    if do_sample:
+        return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+    return torch.argmax(logits, dim=-1, keepdim=True)

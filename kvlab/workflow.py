@@ -1,0 +1,58 @@
+"""What every Snakemake `script:` entry point shares: logging to the rule's log file,
+one-line errors for bad input, and loading models from the rule's params."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from kvlab.checkpoint import CheckpointError, load_model
+from kvlab.lab import DataError, resolve_device, resolve_dtype
+from kvlab.tokenizer import TokenizerError, load_tokenizer
+
+# Errors whose message already says what is wrong and where: shown as one line, no traceback.
+USER_ERRORS = (CheckpointError, TokenizerError, DataError, ValueError, FileNotFoundError)
+
+log = logging.getLogger("kvlab")
+
+
+def run(snakemake, main) -> None:
+    """Call `main(snakemake)` with the log file set up; turn bad input into a one-line error and exit 1."""
+    log_path = Path(snakemake.log[0]) if snakemake.log else None
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if log_path:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        handlers = [logging.FileHandler(log_path, mode="w", encoding="utf-8")]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
+    torch.set_num_threads(max(1, snakemake.threads))
+    try:
+        main(snakemake)
+    except USER_ERRORS as err:
+        message = f"kvlab error in rule {snakemake.rule}: {err}"
+        log.error(message)
+        print(message, file=sys.stderr)
+        sys.exit(1)
+    except Exception:
+        log.error(traceback.format_exc())
+        raise
+
+
+def tokenizer_folder(snakemake):
+    return Path(snakemake.input.tokenizer).parent
+
+
+def load_tokenizer_input(snakemake):
+    return load_tokenizer(tokenizer_folder(snakemake))
+
+
+def load_model_input(snakemake, key: str):
+    """Load the checkpoint named by input `key` with the rule's device/dtype/overrides params."""
+    params = snakemake.params
+    device = resolve_device(params.device)
+    model = load_model(snakemake.input[key], device=device, dtype=resolve_dtype(params.dtype), **params.overrides)
+    log.info("loaded %s on %s: %s", snakemake.input[key], device, model.config.to_dict())
+    return model, device

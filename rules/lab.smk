@@ -1,0 +1,112 @@
+# The lab sheet's steps 1-6: one rule per step, each writing the file a grader reads.
+
+
+rule prompt:
+    input:
+        unpack(tokenizer_inputs),
+        val_data=input_path("val_data"),
+    output:
+        prompt="results/prompt.json",
+    params:
+        n_docs=config["lab"]["prompt"]["n_docs"],
+        cut_tokens=config["lab"]["prompt"]["cut_tokens"],
+    log:
+        "results/logs/prompt.log",
+    threads: 1
+    script:
+        "../scripts/prompt.py"
+
+
+rule same:
+    input:
+        prompt="results/prompt.json",
+        pretrain=input_path("pretrain"),
+    output:
+        same="results/same.json",
+        fed="results/count.json",
+    params:
+        new_tokens=config["lab"]["same"]["new_tokens"],
+        **model_params(),
+    log:
+        "results/logs/same.log",
+    threads: 1
+    script:
+        "../scripts/same.py"
+
+
+rule timing:
+    input:
+        prompt="results/prompt.json",
+        pretrain=input_path("pretrain"),
+    output:
+        time="results/time.json",
+        runs="results/time_runs.json",
+    params:
+        new_tokens=config["lab"]["time"]["new_tokens"],
+        warmup=config["lab"]["time"]["warmup"],
+        repeats=config["lab"]["time"]["repeats"],
+        **model_params(),
+    log:
+        "results/logs/timing.log",
+    benchmark:
+        "results/benchmarks/timing.tsv"
+    # The clock must not share the CPU with other jobs: take every core.
+    threads: workflow.cores
+    script:
+        "../scripts/timing.py"
+
+
+rule kvbytes:
+    input:
+        pretrain=input_path("pretrain"),
+    output:
+        kvbytes="results/kvbytes.json",
+    params:
+        tokens=config["lab"]["kvbytes"]["tokens"],
+        seed=config["lab"]["kvbytes"]["seed"],
+        **model_params(),
+    log:
+        "results/logs/kvbytes.log",
+    threads: 1
+    script:
+        "../scripts/kvbytes.py"
+
+
+rule temp:
+    input:
+        unpack(tokenizer_inputs),
+        sft=input_path("sft"),
+    output:
+        temp="results/temp.json",
+        answers="results/temp_answers.json",
+    params:
+        question=config["lab"]["temp"]["question"],
+        temperatures=config["lab"]["temp"]["temperatures"],
+        samples=config["lab"]["temp"]["samples"],
+        max_new_tokens=config["lab"]["temp"]["max_new_tokens"],
+        seed=config["lab"]["temp"]["seed"],
+        **model_params(),
+    log:
+        "results/logs/temp.log",
+    threads: 1
+    script:
+        "../scripts/temp.py"
+
+
+rule topp:
+    input:
+        unpack(tokenizer_inputs),
+        pretrain=input_path("pretrain"),
+    output:
+        topp="results/topp.json",
+        sharp="results/topp_sharp.json",
+    params:
+        prefix=config["lab"]["topp"]["prefix"],
+        sharp_prefix=config["lab"]["topp"]["sharp_prefix"],
+        ps=config["lab"]["topp"]["ps"],
+        **model_params(),
+    log:
+        "results/logs/topp.log",
+    threads: 1
+    script:
+        "../scripts/topp.py"

@@ -1,0 +1,14 @@
+"""Step 4: the cache's bytes after feeding random tokens, against the formula."""
+from kvlab.io import write_json_atomic
+from kvlab.lab import measure_kv_bytes
+from kvlab.workflow import load_model_input, log, run
+
+
+def main(snakemake):
+    model, device = load_model_input(snakemake, "pretrain")
+    result = measure_kv_bytes(model, snakemake.params.tokens, snakemake.params.seed, device)
+    log.info("%s", result)
+    write_json_atomic(snakemake.output.kvbytes, result)
+
+
+run(snakemake, main)

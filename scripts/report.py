@@ -1,0 +1,16 @@
+"""Step 7: render results/report.md from the result files."""
+from pathlib import Path
+
+from kvlab.io import write_text_atomic
+from kvlab.report import render_report
+from kvlab.workflow import run
+
+
+def main(snakemake):
+    # input names are the result files' stems, except count.json (`count` is reserved in Snakemake)
+    results = {Path(path).stem: path for name, path in snakemake.input.items() if name != "template"}
+    text = render_report(snakemake.input.template, results, snakemake.params.language)
+    write_text_atomic(snakemake.output.report, text)
+
+
+run(snakemake, main)
