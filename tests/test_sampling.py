@@ -1,0 +1,81 @@
+"""MiniMind's sampling rules, top-p against a brute-force reference (ties included)."""
+import math
+
+import pytest
+import torch
+
+from kvlab import sampling
+from kvlab.sampling import top_p_keep
+
+
+def brute_force_survivors(probs: list[float], p: float) -> int:
+    """Walk the tokens from most to least likely; keep a token while the mass before it is <= p."""
+    kept, mass_before = 0, 0.0
+    for prob in sorted(probs, reverse=True):
+        if kept > 0 and mass_before > p:
+            break
+        kept += 1
+        mass_before += prob
+    return kept
+
+
+def test_four_ties_at_a_quarter_keep_three_at_half():
+    logits = torch.zeros(1, 4)
+    assert int(top_p_keep(logits, 0.5).sum()) == 3
+
+
+@pytest.mark.parametrize("p", [0.01, 0.25, 0.5, 0.74, 0.75, 0.9, 0.99, 1.0])
+def test_ties_match_brute_force(p):
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.25, 0.125, 0.125]]))
+    probs = torch.softmax(logits, -1)[0].tolist()
+    assert int(top_p_keep(logits, p).sum()) == brute_force_survivors(probs, p)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_logits_match_brute_force(seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 50, generator=gen) * (1 + seed % 4)
+    for p in (0.1, 0.5, 0.9, 0.99):
+        mask = top_p_keep(logits, p)
+        for row in range(3):
+            probs = torch.softmax(logits[row], -1)
+            expected = brute_force_survivors(probs.tolist(), p)
+            assert int(mask[row].sum()) == expected
+            # the survivors are the most likely tokens
+            kept_min = probs[mask[row]].min()
+            assert torch.all(probs[~mask[row]] <= kept_min)
+
+
+def test_top_token_always_survives():
+    logits = torch.tensor([[10.0, 0.0, 0.0]])  # top-1 alone holds > 0.99
+    mask = top_p_keep(logits, 0.01)
+    assert mask.tolist() == [[True, False, False]]
+
+
+def test_top_p_filter_sets_cut_tokens_to_minus_inf_and_one_is_noop():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    out = sampling.top_p_filter(logits, 0.6)
+    assert math.isinf(out[0, -1]) and out[0, 0] == 3.0
+    assert torch.equal(sampling.top_p_filter(logits, 1.0), logits)
+
+
+def test_top_k_keeps_k_largest():
+    logits = torch.tensor([[1.0, 5.0, 3.0, 4.0]])
+    out = sampling.top_k_filter(logits, 2)
+    assert torch.isinf(out).tolist() == [[True, False, True, False]]
+    assert torch.equal(sampling.top_k_filter(logits, 0), logits)
+
+
+def test_repetition_penalty_is_sign_aware_and_only_for_seen_ids():
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0]])
+    seen = torch.tensor([[0, 1, 1]])
+    out = sampling.apply_repetition_penalty(logits, seen, 2.0)
+    assert out.tolist() == [[1.0, -4.0, 2.0, -2.0]]
+
+
+def test_temperature_divides_and_refuses_zero_when_sampling():
+    logits = torch.tensor([[2.0, 4.0]])
+    assert sampling.apply_temperature(logits, 0.5, do_sample=True).tolist() == [[4.0, 8.0]]
+    with pytest.raises(ValueError):
+        sampling.apply_temperature(logits, 0.0, do_sample=True)
+    assert torch.equal(sampling.apply_temperature(logits, 0.0, do_sample=False), logits)
