@@ -5,7 +5,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# The repository's config.yaml, wherever the workflow runs from; --configfile/--config override it.
+configfile: f"{workflow.basedir}/config.yaml"
 
 
 include: "rules/common.smk"

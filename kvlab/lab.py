@@ -85,10 +85,21 @@ def counting_forward(model: MiniMindForCausalLM):
         del model.forward  # the instance attribute goes; the class method shows through again
 
 
+def prompt_tensor(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens: int, device) -> torch.Tensor:
+    """(1, P) ids on `device`, refused up front if the model cannot embed them or has no room for the answer."""
+    too_big = [i for i in prompt_ids if not 0 <= i < model.config.vocab_size]
+    if too_big:
+        raise ValueError(
+            f"prompt holds token id {too_big[0]} but the checkpoint's vocab_size is {model.config.vocab_size}: "
+            "tokenizer and checkpoint do not belong together"
+        )
+    model.check_room(len(prompt_ids), new_tokens)
+    return torch.tensor([prompt_ids], device=device)
+
+
 def greedy_with_and_without_cache(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens: int, device) -> tuple[dict, dict]:
     """Steps 1 and 2: the same greedy generation twice; returns (same.json, count.json)."""
-    prompt = torch.tensor([prompt_ids], device=device)
-    model.check_room(len(prompt_ids), new_tokens)
+    prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
     new_ids = {}
     fed = {}
     for use_cache in (True, False):
@@ -120,8 +131,7 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
     """Step 3: warm-up runs, then `repeats` timed runs of each mode; median seconds.
 
     Returns (time.json, the raw runs)."""
-    prompt = torch.tensor([prompt_ids], device=device)
-    model.check_room(len(prompt_ids), new_tokens)
+    prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
     runs: dict[str, list[float]] = {}
     for label, use_cache in (("with_cache", True), ("without_cache", False)):
         for _ in range(warmup):
@@ -180,8 +190,7 @@ def temperature_answers(model, tokenizer: Tokenizer, question: str, temperatures
     """Step 5: for each temperature, reseed and draw `samples` answers. Returns (temp.json, answers)."""
     chat = tokenizer.chat_text([{"role": "user", "content": question}], add_generation_prompt=True)
     prompt_ids = tokenizer.encode(chat)
-    prompt = torch.tensor([prompt_ids], device=device)
-    model.check_room(len(prompt_ids), max_new_tokens)
+    prompt = prompt_tensor(model, prompt_ids, max_new_tokens, device)
     counts, answers = {}, {}
     for temperature in temperatures:
         torch.manual_seed(seed)

@@ -41,6 +41,16 @@ def run(snakemake, main) -> None:
         raise
 
 
+def check_vocab(tokenizer, model, checkpoint) -> None:
+    """Every id the tokenizer can produce must have a row in the checkpoint's embedding.
+    (A model vocabulary larger than the tokenizer's is fine: padded vocabularies are common.)"""
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer.folder} has {tokenizer.vocab_size} ids but checkpoint {checkpoint} "
+            f"holds only vocab_size={model.config.vocab_size}: they do not belong together"
+        )
+
+
 def tokenizer_folder(snakemake):
     return Path(snakemake.input.tokenizer).parent
 
@@ -49,10 +59,13 @@ def load_tokenizer_input(snakemake):
     return load_tokenizer(tokenizer_folder(snakemake))
 
 
-def load_model_input(snakemake, key: str):
-    """Load the checkpoint named by input `key` with the rule's device/dtype/overrides params."""
+def load_model_input(snakemake, key: str, tokenizer=None):
+    """Load the checkpoint named by input `key` with the rule's device/dtype/overrides params,
+    checked against the tokenizer when one is given."""
     params = snakemake.params
     device = resolve_device(params.device)
     model = load_model(snakemake.input[key], device=device, dtype=resolve_dtype(params.dtype), **params.overrides)
     log.info("loaded %s on %s: %s", snakemake.input[key], device, model.config.to_dict())
+    if tokenizer is not None:
+        check_vocab(tokenizer, model, snakemake.input[key])
     return model, device

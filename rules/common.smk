@@ -4,7 +4,13 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-validate(config, schema="../schemas/config.schema.yaml")
+from kvlab.config import config_error
+
+try:
+    validate(config, schema="../schemas/config.schema.yaml")
+except WorkflowError:
+    # Snakemake's message is a page of schema dump; say in one line which key is wrong and why.
+    raise WorkflowError(config_error(config, workflow.source_path("../schemas/config.schema.yaml"))) from None
 
 # Where each input comes from when its config key is null: the embedded default's rules.
 DEFAULT_INPUTS = {

@@ -6,7 +6,7 @@ from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
 
 def main(snakemake):
     tokenizer = load_tokenizer_input(snakemake)
-    model, device = load_model_input(snakemake, "sft")
+    model, device = load_model_input(snakemake, "sft", tokenizer)
     p = snakemake.params
     counts, side = temperature_answers(model, tokenizer, p.question, p.temperatures, p.samples, p.max_new_tokens, p.seed, device)
     log.info("distinct answers: %s", counts)

@@ -6,7 +6,7 @@ from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
 
 def main(snakemake):
     tokenizer = load_tokenizer_input(snakemake)
-    model, device = load_model_input(snakemake, "pretrain")
+    model, device = load_model_input(snakemake, "pretrain", tokenizer)
     p = snakemake.params
     flat = top_p_survivors(next_token_logits(model, tokenizer, p.prefix, device), p.ps)
     sharp = top_p_survivors(next_token_logits(model, tokenizer, p.sharp_prefix, device), p.ps)
