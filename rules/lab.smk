@@ -51,7 +51,7 @@ rule timing:
     benchmark:
         "results/benchmarks/timing.tsv"
     # The clock must not share the CPU with other jobs: take every core.
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     script:
         "../scripts/timing.py"
 
