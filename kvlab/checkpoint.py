@@ -41,6 +41,8 @@ def read_state_dict(path) -> dict[str, torch.Tensor]:
 
 def infer_config(state_dict: dict[str, torch.Tensor], **overrides) -> MiniMindConfig:
     """Every architecture field the tensors determine; the rest from `overrides` or the defaults."""
+    if any(".mlp.experts." in key for key in state_dict):
+        raise CheckpointError("a mixture-of-experts (use_moe) checkpoint: kvlab's engine has dense MLPs only")
     try:
         vocab_size, hidden_size = state_dict["model.embed_tokens.weight"].shape
         q_rows = state_dict["model.layers.0.self_attn.q_proj.weight"].shape[0]

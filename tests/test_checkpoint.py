@@ -84,3 +84,11 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path):
     with pytest.raises(CheckpointError, match="evil.pth"):
         load_model(tmp_path / "evil.pth")
     assert not marker.exists()
+
+
+def test_moe_checkpoint_is_refused_by_name(tmp_path):
+    state = random_model().state_dict()
+    state["model.layers.0.mlp.experts.0.gate_proj.weight"] = state.pop("model.layers.0.mlp.gate_proj.weight")
+    torch.save(state, tmp_path / "moe.pth")
+    with pytest.raises(CheckpointError, match=r"moe\.pth: a mixture-of-experts"):
+        load_model(tmp_path / "moe.pth")
