@@ -217,12 +217,14 @@ class MiniMindForCausalLM(nn.Module):
         return CausalLMOutput(logits=self.lm_head(hidden), past_key_values=presents if use_cache else None)
 
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
-        """Refuse, before any work, a generation that would run past the position table."""
+        """Refuse, before any work, a generation that would run past the position table.
+        The last new token is never fed back, so the longest input is P + N - 1 tokens."""
         limit = self.config.max_position_embeddings
-        if prompt_len + max_new_tokens > limit:
+        if prompt_len + max_new_tokens - 1 > limit:
             raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                f"model's max_position_embeddings ({limit})"
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) needs "
+                f"{prompt_len + max_new_tokens - 1} positions, more than the model's "
+                f"max_position_embeddings ({limit})"
             )
 
     @torch.inference_mode()

@@ -143,5 +143,8 @@ def test_seeded_sampling_is_reproducible_and_cache_independent():
 def test_too_long_generation_is_refused_before_work():
     model = random_model(11, max_position_embeddings=64)
     with counting_forward(model) as lengths, pytest.raises(ValueError, match="max_position_embeddings"):
-        model.generate(torch.randint(3, 300, (1, 40)), max_new_tokens=30, **GREEDY)
+        model.generate(torch.randint(3, 300, (1, 40)), max_new_tokens=26, **GREEDY)
     assert lengths == []
+    # exactly full: the 25th new token is produced but never fed back
+    out = model.generate(torch.randint(3, 300, (1, 40)), max_new_tokens=25, **GREEDY)
+    assert out.shape == (1, 65)
