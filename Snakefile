@@ -13,10 +13,14 @@ include: "rules/common.smk"
 include: "rules/default_model.smk"
 include: "rules/lab.smk"
 include: "rules/report.smk"
+include: "rules/extras.smk"
 
 
 rule all:
     input:
         LAB_RESULTS,
         "results/report.md",
+        EXTRA_RESULTS,
+        FIGURES.values(),
+        "results/check.json",
     default_target: True

@@ -112,5 +112,5 @@ def load_model(path, device="cpu", dtype=torch.float32, **overrides) -> MiniMind
 def save_checkpoint(model: MiniMindForCausalLM, path) -> None:
     """Write MiniMind's format: a float16 state_dict (tied weights saved under both names)."""
     state_dict = {key: tensor.detach().to("cpu", torch.float16).clone() for key, tensor in model.state_dict().items()}
-    with atomic_path(path) as tmp:
-        torch.save(state_dict, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(state_dict, f)  # through a handle: a path would be recorded in the file

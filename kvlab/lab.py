@@ -8,6 +8,7 @@ import json
 import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -68,21 +69,45 @@ def make_prompt(tokenizer: Tokenizer, texts: list[str], cut_tokens: int) -> dict
     return {"ids": prompt_ids, "prompt_len": len(prompt_ids), "n_docs": len(texts), "cut_tokens": cut_tokens, "text": text}
 
 
+@dataclass
+class ForwardCalls:
+    """What a wrapped `model.forward` saw, one entry per call: the tokens fed and the seconds it took."""
+
+    fed_lengths: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
 @contextmanager
-def counting_forward(model: MiniMindForCausalLM):
-    """Wrap `model.forward` (which `generate` calls) and record the length of every input it gets."""
-    fed_lengths: list[int] = []
+def recording_forward(model: MiniMindForCausalLM, observe=None):
+    """Wrap `model.forward` (which `generate` calls once a step) and record, for every call, the length
+    of its input and its wall time (CUDA synchronised on both sides, so the time is the step's own).
+    `observe(input_ids, output)`, when given, sees every call too (e.g. to read the logits)."""
+    calls = ForwardCalls()
     original = model.forward
 
     def forward(input_ids, *args, **kwargs):
-        fed_lengths.append(int(input_ids.shape[1]))
-        return original(input_ids, *args, **kwargs)
+        calls.fed_lengths.append(int(input_ids.shape[1]))
+        _sync(input_ids.device)
+        start = time.perf_counter()
+        output = original(input_ids, *args, **kwargs)
+        _sync(input_ids.device)
+        calls.seconds.append(time.perf_counter() - start)
+        if observe is not None:
+            observe(input_ids, output)
+        return output
 
     model.forward = forward
     try:
-        yield fed_lengths
+        yield calls
     finally:
         del model.forward  # the instance attribute goes; the class method shows through again
+
+
+@contextmanager
+def counting_forward(model: MiniMindForCausalLM):
+    """Record the length of every input `model.forward` gets (a view of `recording_forward`)."""
+    with recording_forward(model) as calls:
+        yield calls.fed_lengths
 
 
 def prompt_tensor(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens: int, device) -> torch.Tensor:

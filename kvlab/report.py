@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
+
 from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
@@ -33,7 +35,7 @@ def build_context(results: dict[str, dict], language: str, answers_shown: int = 
         temperature_rows.append({"temperature": key, "distinct": row["distinct"], "samples": len(answers),
                                  "examples": [{"text": text, "times": times} for text, times in common]})
     topp_rows = [{"p": p, "flat": n, "sharp": results["topp_sharp"]["survivors"].get(p)} for p, n in results["topp"].items()]
-    return {
+    context = {
         "lang": language,
         "same": results["same"],
         "count": count,
@@ -51,11 +53,95 @@ def build_context(results: dict[str, dict], language: str, answers_shown: int = 
         "sharp_prefix": results["topp_sharp"]["prefix"],
         "prompt": results["prompt"],
     }
+    context.update(extras_context(results, timing))
+    return context
+
+
+def extras_context(results: dict, timing: dict) -> dict:
+    """Numbers for the sections beyond the lab sheet, from whichever of their files were given
+    (each section of the template shows only when its data is here)."""
+    context: dict = {"figures": results.get("figures", {})}
+    if "sweep" in results:
+        rows = results["sweep"]
+        for row in rows:
+            row["formulas_match"] = (row["fed_with_cache"] == row["formula_with_cache"]
+                                     and row["fed_without_cache"] == row["formula_without_cache"])
+        context["sweep"] = {"rows": rows, "all_match": all(row["formulas_match"] for row in rows),
+                            "all_same": all(row["same_ids"] for row in rows)}
+    if "latency" in results:
+        latency = results["latency"]
+        context["latency"] = {
+            **{label: {key: latency[label][key] for key in ("ttft_s", "tpot_s", "sum_steps_s", "generate_s")}
+               for label in ("with_cache", "without_cache")},
+            "fit": latency["fit"],
+            "predicted": latency["predicted"],
+            "measured_speedup": timing["speedup"],
+            "new_tokens": latency["new_tokens"],
+            "prompt_len": latency["prompt_len"],
+            "repeats": latency["repeats"],
+            # a fit that explains little, or a negative fixed cost, says the clock was noisy
+            "fit_unreliable": latency["fit"]["r2"] < 0.8 or latency["fit"]["fixed_s"] <= 0,
+        }
+    if "kv_capacity" in results:
+        context["capacity"] = capacity_table(results["kv_capacity"])
+    if "topp_curve" in results:
+        rows = results["topp_curve"]
+        # the lab sheet's own p values, and the end of the curve
+        marks = [row for row in rows if row["lab_p"] or row is rows[-1]]
+        context["topp_curve"] = {"rows": rows, "first": rows[0], "last": rows[-1], "marks": marks}
+    if "temp_curve" in results:
+        rows = results["temp_curve"]
+        context["temp_curve"] = {"rows": rows, "first": rows[0], "last": rows[-1],
+                                 "max_distinct": max(rows, key=lambda row: row["distinct"])}
+    return context
+
+
+def capacity_table(rows: list[dict]) -> dict:
+    """kv_capacity.csv as one line per (model, dtype) and one column per (budget, context).
+    A cell reads "requests (concurrency x)"."""
+    columns = list(dict.fromkeys((row["budget_gib"], row["context_tokens"]) for row in rows))
+    lines: dict = {}
+    for row in rows:
+        line = lines.setdefault((row["model"], row["dtype"]), {
+            "model": row["model"], "dtype": row["dtype"], "layers": row["layers"], "kv_heads": row["kv_heads"],
+            "head_dim": row["head_dim"], "formula": row["bytes_per_token_formula"],
+            "measured": row["bytes_per_token_measured"], "by_column": {}})
+        line["by_column"][(row["budget_gib"], row["context_tokens"])] = (
+            f"{row['max_requests']:,} ({row['max_concurrency']:,.2f}x)")
+    for line in lines.values():
+        line["match"] = line["formula"] == line["measured"]
+        measured = line["measured"]
+        line["measured_text"] = f"{measured:,.0f}" if measured == int(measured) else f"{measured:,.2f}"
+        by_column = line.pop("by_column")
+        line["cells"] = [by_column[column] for column in columns]
+    # vLLM's wording for one (model, dtype): the last listed, by default the configured one in float16
+    last = rows[-1]
+    examples = [row for row in rows if (row["model"], row["dtype"]) == (last["model"], last["dtype"])]
+    return {"columns": [{"budget_gib": b, "context_tokens": c} for b, c in columns], "lines": list(lines.values()),
+            "all_match": all(line["match"] for line in lines.values()), "examples": examples,
+            "example_name": f"{last['model']}, {last['dtype']}"}
+
+
+def load_results(result_paths: dict[str, str]) -> dict:
+    """JSON files as dicts, CSV tables as lists of row dicts; figures (PNG) as links relative to the
+    report, which sits in the same folder as figures/, under results["figures"][stem]."""
+    results: dict = {"figures": {}}
+    for name, path in result_paths.items():
+        path = Path(path)
+        if path.suffix == ".json":
+            results[name] = read_json(path)
+        elif path.suffix == ".csv":
+            results[name] = pd.read_csv(path).to_dict("records")
+        elif path.suffix == ".png":
+            results["figures"][name] = f"{path.parent.name}/{path.name}"
+        else:
+            raise ValueError(f"{path}: the report reads .json, .csv and .png files only")
+    return results
 
 
 def render_report(template_path, result_paths: dict[str, str], language: str) -> str:
     """Load the result files and render the template in a sandbox (a template is untrusted input)."""
-    results = {name: read_json(path) for name, path in result_paths.items()}
+    results = load_results(result_paths)
     template_path = Path(template_path)
     env = SandboxedEnvironment(loader=FileSystemLoader(template_path.parent), undefined=StrictUndefined,
                                trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)

@@ -28,7 +28,10 @@ def run(snakemake, main) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         handlers = [logging.FileHandler(log_path, mode="w", encoding="utf-8")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
-    torch.set_num_threads(max(1, snakemake.threads))
+    # One torch thread in every job: the model is tiny, so a second thread buys little and, on a
+    # busy machine, makes timings erratic; results also stay the same whatever --cores is.
+    # Timing rules still reserve every core (threads:) so no other job shares the CPU with them.
+    torch.set_num_threads(1)
     try:
         main(snakemake)
     except USER_ERRORS as err:

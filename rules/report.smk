@@ -14,8 +14,20 @@ rule report:
         temp_answers="results/temp_answers.json",
         topp="results/topp.json",
         topp_sharp="results/topp_sharp.json",
+        # Beyond the lab sheet (rules/extras.smk). Every input's file stem must differ.
+        sweep="results/sweep.csv",
+        latency="results/latency.json",
+        kv_capacity="results/kv_capacity.csv",
+        topp_curve="results/topp_curve.csv",
+        temp_curve="results/temp_curve.csv",
+        cost_curves="results/figures/cost_curves.png",
+        step_times="results/figures/step_times.png",
+        topp_survivors="results/figures/topp_survivors.png",
+        temperature_effect="results/figures/temperature_effect.png",
     output:
-        report="results/report.md",
+        report=report(
+            "results/report.md", caption="../report/report.rst", category="Lab report"
+        ),
     params:
         language=config["report"]["language"],
     log:

@@ -1,4 +1,9 @@
 """Small builders shared by the tests."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from kvlab.model import MiniMindConfig, MiniMindForCausalLM
@@ -16,3 +21,56 @@ def random_model(seed=0, vocab_size=300, std=0.08, **arch) -> MiniMindForCausalL
             if "norm" not in name:
                 param.normal_(0.0, std)
     return model.eval()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small sizes so the whole lab runs in seconds; the contracts are checked for these P and N.
+# The timed generation is long enough (P=65, N=24) that the cache is clearly faster, since the
+# build's own `check` job fails the build otherwise.
+SMALL_LAB = {
+    "prompt": {"n_docs": 3, "cut_tokens": 64},
+    "same": {"new_tokens": 10},
+    "time": {"new_tokens": 24, "warmup": 1, "repeats": 3},
+    "kvbytes": {"tokens": 12},
+    "temp": {"temperatures": [0.3, 1.5], "samples": 6, "max_new_tokens": 5},
+    "topp": {"ps": [0.5, 0.9, 0.99]},
+}
+
+
+def snakemake_cmd(workdir, *args, config=None) -> list[str]:
+    """The command that runs the real workflow in `workdir` with `args` (flags, targets),
+    `config` (a dict) layered over config.yaml."""
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--cores", "2", *args]
+    if config:  # last: --configfile takes every word after it
+        config_file = workdir / "test-config.yaml"
+        config_file.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")  # JSON is YAML
+        cmd += ["--configfile", str(config_file)]
+    return cmd
+
+
+def snakemake(workdir, *args, config=None, check=True):
+    """Run the workflow; returns the CompletedProcess (asserting success when `check`)."""
+    result = subprocess.run(snakemake_cmd(workdir, *args, config=config), capture_output=True, text=True, cwd=workdir)
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+TINY_ARCH = {"name": "tiny GQA", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 300}
+# The steps beyond the lab sheet (rules/extras.smk), as small.
+SMALL_EXTRAS = {
+    "sweep": {"new_tokens": [2, 5, 9], "warmup": 1, "repeats": 1, "long_from": None},
+    "latency": {"warmup": 1, "repeats": 2},
+    "capacity": {"contexts": [16, 100], "budgets_gib": [0.001, 2], "dtypes": ["float32", "float16"],
+                 "measure_tokens": 4, "architectures": [TINY_ARCH]},
+    "topp_curve": {"step": 0.25},
+    "temp_curve": {"min": 0.5, "max": 1.5, "step": 0.5},
+}
+
+
+def course_config(course, **lab_changes):
+    """A --configfile dict: the course files, SMALL_LAB with per-step changes, SMALL_EXTRAS."""
+    lab = {step: {**knobs, **lab_changes.get(step, {})} for step, knobs in SMALL_LAB.items()}
+    return {**{key: str(path) for key, path in course.items()}, "lab": lab, "extras": SMALL_EXTRAS}

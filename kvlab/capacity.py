@@ -1,0 +1,94 @@
+"""How many requests' KV caches fit in a memory budget: the lab's step 4 turned into serving capacity.
+
+Bytes per token come from the lab's formula (kvlab.lab.kv_formula_bytes) and from a
+cache actually measured (kvlab.lab.measure_kv_bytes) for each architecture and dtype.
+The budget is memory for the cache alone; a server such as vLLM first takes the
+weights and activations off the card's memory, and allocates the cache in blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from kvlab import lab
+from kvlab.model import MiniMindConfig, MiniMindForCausalLM
+
+log = logging.getLogger("kvlab")
+
+GIB = 1024**3
+# Only the cache's shape matters here: a short position table keeps the throwaway models small.
+MEASURE_POSITIONS = 256
+
+
+def vllm_line(cache_tokens: int, context_tokens: int, concurrency: float) -> str:
+    """vLLM's start-up log line (vllm/v1/core/kv_cache_utils.py), for a cache of `cache_tokens`."""
+    return (f"KV cache size: {cache_tokens:,} tokens, "
+            f"Maximum concurrency for {context_tokens:,} tokens per request: {concurrency:.2f}x")
+
+
+def architecture_model(arch: dict) -> MiniMindForCausalLM:
+    """A random-weight MiniMind of the given architecture, only to weigh its cache."""
+    fields = {key: value for key, value in arch.items() if key != "name"}
+    fields["max_position_embeddings"] = MEASURE_POSITIONS
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return MiniMindForCausalLM(MiniMindConfig(**fields)).eval()
+
+
+def bytes_per_token(model: MiniMindForCausalLM, dtype: torch.dtype, tokens: int, seed: int, device) -> dict:
+    """The cache's bytes per token of `model` cast to `dtype`: the formula, and a cache measured
+    after feeding `tokens` random ids (divided by `tokens`)."""
+    model = model.to(device=device, dtype=dtype)
+    measured = lab.measure_kv_bytes(model, tokens, seed, device)
+    element = torch.empty((), dtype=dtype).element_size()
+    return {
+        "formula": lab.kv_formula_bytes(model, 1, element),
+        "measured": measured["measured_bytes"] / tokens,
+        "measured_tokens": tokens,
+        "bytes_per_element": element,
+    }
+
+
+def capacity_rows(name: str, config: MiniMindConfig, dtype_name: str, per_token: dict, contexts, budgets_gib) -> list[dict]:
+    """One row per (context length, budget): requests whose whole cache fits, worded as vLLM does."""
+    rows = []
+    for budget_gib in budgets_gib:
+        budget_bytes = int(budget_gib * GIB)
+        cache_tokens = budget_bytes // per_token["formula"]
+        for context in contexts:
+            per_request = per_token["formula"] * context
+            concurrency = budget_bytes / per_request
+            rows.append({
+                "model": name,
+                "dtype": dtype_name,
+                "layers": config.num_hidden_layers,
+                "kv_heads": config.num_key_value_heads,
+                "head_dim": config.head_dim,
+                "bytes_per_token_formula": per_token["formula"],
+                "bytes_per_token_measured": per_token["measured"],
+                "budget_gib": budget_gib,
+                "context_tokens": context,
+                "bytes_per_request": per_request,
+                "max_requests": math.floor(concurrency),
+                "max_concurrency": concurrency,
+                "cache_tokens": cache_tokens,
+                "vllm_line": vllm_line(cache_tokens, context, concurrency),
+            })
+    return rows
+
+
+def kv_capacity(lab_model: MiniMindForCausalLM, architectures, dtypes, contexts, budgets_gib, tokens: int,
+                seed: int, device) -> list[dict]:
+    """Rows for the lab's model and every configured architecture, in every dtype."""
+    models = [("lab pretrain", lab_model)] + [(arch["name"], architecture_model(arch)) for arch in architectures]
+    rows = []
+    for name, model in models:
+        for dtype_name in dtypes:
+            per_token = bytes_per_token(model, lab.resolve_dtype(dtype_name), tokens, seed, device)
+            log.info("%s %s: %s bytes per token by the formula, %s measured", name, dtype_name,
+                     per_token["formula"], per_token["measured"])
+            rows += capacity_rows(name, model.config, dtype_name, per_token, contexts, budgets_gib)
+    return rows

@@ -1,0 +1,228 @@
+"""Beyond the lab sheet: the lab's measurements repeated over a range of a knob.
+
+Every curve calls the lab's own functions (kvlab.lab) at each point, so a curve
+and the lab step it extends can never disagree about the rule they measure:
+
+  * cost_sweep        steps 1-3 (fed tokens, same ids, median time) for several N;
+  * step_latency      step 3's generation, timed one forward call at a time;
+  * topp_curve        step 6's survivors for a grid of p;
+  * temperature_curve step 5's distinct answers for a grid of temperatures, with
+                      the entropy of the distribution each token was drawn from.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from kvlab import lab, sampling
+from kvlab.report import fed_formulas
+
+log = logging.getLogger("kvlab")
+
+MODES = (("with_cache", True), ("without_cache", False))
+
+
+def grid(start: float, stop: float, step: float) -> list[float]:
+    """start, start + step, ..., up to stop (included when the step lands on it), rounded so that
+    0.1 * 3 prints as 0.3: the values become JSON/CSV keys the way the lab writes them."""
+    if step <= 0 or stop < start:
+        raise ValueError(f"empty grid: start={start}, stop={stop}, step={step}")
+    count = int(np.floor((stop - start) / step + 1e-9)) + 1
+    return [round(start + k * step, 6) for k in range(count)]
+
+
+# ---------------------------------------------------------------------------
+# 1. Cost curves: steps 1-3 at every N
+# ---------------------------------------------------------------------------
+
+
+def repeats_for(new_tokens: int, repeats: int, long_from: int | None, long_repeats: int) -> int:
+    """Timed runs at N: `repeats`, or `long_repeats` from N = long_from up (the long runs cost most)."""
+    if long_from is not None and new_tokens >= long_from:
+        return long_repeats
+    return repeats
+
+
+def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repeats: int,
+               long_from: int | None, long_repeats: int, device) -> list[dict]:
+    """For each N: the lab's greedy pair (fed tokens counted, same ids) and its timing.
+
+    The counted generations of steps 1-2 are the first warm-up of each mode; `warmup - 1`
+    more untimed runs follow inside `time_generation`. One row per N."""
+    rows = []
+    started = time.perf_counter()
+    for index, new_tokens in enumerate(new_tokens_list, start=1):
+        same, count = lab.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
+        timed_runs = repeats_for(new_tokens, repeats, long_from, long_repeats)
+        timing, _ = lab.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs, device)
+        formulas = fed_formulas(count["prompt_len"], new_tokens)
+        row = {
+            "new_tokens": new_tokens,
+            "prompt_len": count["prompt_len"],
+            "fed_with_cache": count["fed_with_cache"],
+            "fed_without_cache": count["fed_without_cache"],
+            "formula_with_cache": formulas["with_cache"],
+            "formula_without_cache": formulas["without_cache"],
+            "token_ratio": count["fed_without_cache"] / count["fed_with_cache"],
+            "with_cache_s": timing["with_cache_s"],
+            "without_cache_s": timing["without_cache_s"],
+            "speedup": timing["speedup"],
+            "timed_runs": timed_runs,
+            "same_ids": same["same_ids"],
+        }
+        rows.append(row)
+        log.info("[%d/%d] N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d runs; %.1f s so far",
+                 index, len(new_tokens_list), new_tokens, row["fed_with_cache"], row["fed_without_cache"],
+                 row["formula_with_cache"], row["formula_without_cache"], row["with_cache_s"],
+                 row["without_cache_s"], timed_runs, time.perf_counter() - started)
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# 2. Latency split: every forward call of step 3's generation
+# ---------------------------------------------------------------------------
+
+
+def fit_step_cost(fed_tokens, seconds) -> dict:
+    """Least squares: seconds = fixed + per_token * fed_tokens. Returns both and R²."""
+    x = np.asarray(fed_tokens, dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    design = np.column_stack([np.ones_like(x), x])
+    (fixed, per_token), *_ = np.linalg.lstsq(design, y, rcond=None)
+    residual = y - (fixed + per_token * x)
+    spread = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((residual**2).sum()) / spread if spread > 0 else 1.0
+    return {"fixed_s": float(fixed), "per_token_s": float(per_token), "r2": r2,
+            "fed_min": int(x.min()), "fed_max": int(x.max()), "points": len(x)}
+
+
+def predict_time(fed_tokens, fit: dict) -> float:
+    """The fitted model's time for a generation that feeds `fed_tokens` (one entry per step)."""
+    return sum(fit["fixed_s"] + fit["per_token_s"] * fed for fed in fed_tokens)
+
+
+def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, device) -> dict:
+    """Time every forward call of the greedy generation, in both modes.
+
+    Each step's time is the median over `repeats` timed generations (after `warmup` untimed).
+    TTFT is the first step (the prefill of the whole prompt), TPOT the median of the later
+    steps. The no-cache steps fit seconds = fixed + per_token * fed; that fit then predicts
+    both modes' total time from their fed tokens alone."""
+    prompt = lab.prompt_tensor(model, prompt_ids, new_tokens, device)
+    prompt_len = len(prompt_ids)
+    result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "warmup": warmup, "repeats": repeats,
+                    "device": str(device), "torch_threads": torch.get_num_threads()}
+    for label, use_cache in MODES:
+        for _ in range(warmup):
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **lab.GREEDY)
+        runs, generate_s = [], []
+        for repeat in range(repeats):
+            start = time.perf_counter()
+            with lab.recording_forward(model) as calls:
+                model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **lab.GREEDY)
+            generate_s.append(time.perf_counter() - start)
+            runs.append(calls)
+            log.info("%s run %d/%d: %d steps, %.4f s", label, repeat + 1, repeats, len(calls.seconds), generate_s[-1])
+        fed = runs[0].fed_lengths
+        step_s = [statistics.median(run.seconds[step] for run in runs) for step in range(len(fed))]
+        result[label] = {
+            "ttft_s": step_s[0],
+            "tpot_s": statistics.median(step_s[1:]) if len(step_s) > 1 else None,
+            "sum_steps_s": sum(step_s),
+            "generate_s": statistics.median(generate_s),
+            "fed_tokens": fed,
+            # tokens the step's forward attends over: the prompt plus what was generated before it
+            "context_tokens": [prompt_len + step for step in range(len(fed))],
+            "step_s": step_s,
+        }
+    fit = fit_step_cost(result["without_cache"]["fed_tokens"], result["without_cache"]["step_s"])
+    predicted = {label: predict_time(result[label]["fed_tokens"], fit) for label, _ in MODES}
+    result["fit"] = {**fit, "on": "without_cache steps"}
+    result["predicted"] = {
+        "with_cache_s": predicted["with_cache"],
+        "without_cache_s": predicted["without_cache"],
+        "speedup": predicted["without_cache"] / predicted["with_cache"],
+    }
+    return result
+
+
+# ---------------------------------------------------------------------------
+# 4. Top-p curve: step 6 for a grid of p
+# ---------------------------------------------------------------------------
+
+
+def topp_curve(model, tokenizer, prefix: str, sharp_prefix: str, ps, lab_ps, device) -> list[dict]:
+    """Survivors of MiniMind's top-p rule at every p of `ps` and of the lab sheet's `lab_ps`
+    (so the curve passes through step 6's own points), after the flat and the sharp prefix."""
+    ps = sorted(set(ps) | set(lab_ps))
+    flat_logits = lab.next_token_logits(model, tokenizer, prefix, device)
+    flat = lab.top_p_survivors(flat_logits, ps)
+    sharp = lab.top_p_survivors(lab.next_token_logits(model, tokenizer, sharp_prefix, device), ps)
+    return [{"p": p, "flat": flat[str(p)], "sharp": sharp[str(p)], "lab_p": p in lab_ps,
+             "vocab_size": flat_logits.shape[-1]} for p in ps]
+
+
+# ---------------------------------------------------------------------------
+# 5. Temperature curve: step 5 for a grid of temperatures, with entropy
+# ---------------------------------------------------------------------------
+
+
+class SampledEntropy:
+    """An `observe` hook for `lab.recording_forward` during sampling with top_k=0, top_p=1.0:
+    the distribution a token is drawn from is softmax(logits / temperature), and this adds up
+    its entropy (nats) at every step of every row that has not finished yet.
+
+    A row finishes when it draws eos; generate then feeds eos to it without sampling. The token
+    a row drew at the previous step is the last id fed at this step, so no ids need returning."""
+
+    def __init__(self, temperature: float, eos_id: int | None):
+        self.temperature = temperature
+        self.eos_id = eos_id
+        self.finished = None
+        self.total_nats = 0.0
+        self.tokens = 0
+        self.vocab_size = None
+
+    def __call__(self, input_ids, output) -> None:
+        if self.finished is None:  # the prefill: nothing drawn yet
+            self.finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        elif self.eos_id is not None:
+            self.finished |= input_ids[:, -1].eq(self.eos_id)
+        self.vocab_size = output.logits.shape[-1]
+        logits = sampling.apply_temperature(output.logits[:, -1, :].float(), self.temperature, do_sample=True)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(dim=-1)  # 0 * log 0 = 0
+        drawn = ~self.finished
+        self.total_nats += float(entropy[drawn].sum())
+        self.tokens += int(drawn.sum())
+
+    @property
+    def mean_nats(self) -> float:
+        return self.total_nats / self.tokens if self.tokens else float("nan")
+
+
+def temperature_curve(model, tokenizer, question: str, temperatures, samples: int, max_new_tokens: int,
+                      seed: int, device) -> tuple[list[dict], dict]:
+    """Step 5 at every temperature (each reseeded, as the lab does): distinct answers of `samples`
+    and the mean per-token entropy of the sampled distribution. Returns (rows, answers by key)."""
+    rows, answers = [], {}
+    started = time.perf_counter()
+    for index, temperature in enumerate(temperatures, start=1):
+        entropy = SampledEntropy(temperature, tokenizer.eos_id)
+        with lab.recording_forward(model, observe=entropy):
+            counts, side = lab.temperature_answers(model, tokenizer, question, [temperature], samples,
+                                                   max_new_tokens, seed, device)
+        key = str(temperature)
+        rows.append({"temperature": temperature, "distinct": counts[key]["distinct"], "samples": samples,
+                     "mean_entropy_nats": entropy.mean_nats, "sampled_tokens": entropy.tokens,
+                     "vocab_size": entropy.vocab_size})
+        answers[key] = side["answers"][key]
+        log.info("[%d/%d] T=%s: %d distinct of %d, mean entropy %.3f nats over %d tokens; %.1f s so far",
+                 index, len(temperatures), key, counts[key]["distinct"], samples, entropy.mean_nats,
+                 entropy.tokens, time.perf_counter() - started)
+    return rows, answers

@@ -1,0 +1,96 @@
+# The embedded default: when no course files are given, the workflow builds its own
+# small Korean corpus, a byte-level BPE tokenizer and two MiniMind checkpoints
+# (pretrained, then SFT). Every config knob a rule reads is one of its params, so
+# changing a knob reruns exactly the jobs that read it (and what depends on them).
+#
+# All four jobs run single-threaded: on a small CPU the tiny model trains no faster
+# on two threads, and a fixed thread count keeps the weights the same whatever --cores.
+
+DEFAULT_MODEL = config["default_model"]
+DEFAULT_MODEL_DIR = "results/default"
+
+
+rule corpus:
+    output:
+        train=f"{DEFAULT_MODEL_DIR}/corpus/pretrain_train.jsonl",
+        val=f"{DEFAULT_MODEL_DIR}/corpus/pretrain_val.jsonl",
+        sft=f"{DEFAULT_MODEL_DIR}/corpus/sft.jsonl",
+    params:
+        seed=DEFAULT_MODEL["seed"],
+        train_docs=DEFAULT_MODEL["corpus"]["train_docs"],
+        val_docs=DEFAULT_MODEL["corpus"]["val_docs"],
+        sft_examples=DEFAULT_MODEL["corpus"]["sft_examples"],
+    log:
+        "results/logs/corpus.log",
+    benchmark:
+        "results/benchmarks/corpus.tsv"
+    threads: 1
+    script:
+        "../scripts/build_corpus.py"
+
+
+rule tokenizer:
+    input:
+        train=rules.corpus.output.train,
+        sft=rules.corpus.output.sft,
+    output:
+        tokenizer=f"{DEFAULT_MODEL_DIR}/tokenizer/tokenizer.json",
+        tokenizer_config=f"{DEFAULT_MODEL_DIR}/tokenizer/tokenizer_config.json",
+    params:
+        vocab_size=DEFAULT_MODEL["tokenizer"]["vocab_size"],
+    log:
+        "results/logs/tokenizer.log",
+    benchmark:
+        "results/benchmarks/tokenizer.tsv"
+    threads: 1
+    script:
+        "../scripts/train_tokenizer.py"
+
+
+rule pretrain:
+    input:
+        tokenizer=rules.tokenizer.output.tokenizer,
+        tokenizer_config=rules.tokenizer.output.tokenizer_config,
+        train=rules.corpus.output.train,
+        val=rules.corpus.output.val,
+    output:
+        model=f"{DEFAULT_MODEL_DIR}/pretrain.pth",
+        metrics=f"{DEFAULT_MODEL_DIR}/pretrain_metrics.json",
+    params:
+        seed=DEFAULT_MODEL["seed"],
+        model=DEFAULT_MODEL["model"],
+        steps=DEFAULT_MODEL["pretrain"]["steps"],
+        batch_size=DEFAULT_MODEL["pretrain"]["batch_size"],
+        seq_len=DEFAULT_MODEL["pretrain"]["seq_len"],
+        lr=DEFAULT_MODEL["pretrain"]["lr"],
+    log:
+        "results/logs/pretrain.log",
+    benchmark:
+        "results/benchmarks/pretrain.tsv"
+    threads: 1
+    script:
+        "../scripts/pretrain.py"
+
+
+rule sft:
+    input:
+        pretrain=rules.pretrain.output.model,
+        tokenizer=rules.tokenizer.output.tokenizer,
+        tokenizer_config=rules.tokenizer.output.tokenizer_config,
+        sft=rules.corpus.output.sft,
+    output:
+        model=f"{DEFAULT_MODEL_DIR}/sft.pth",
+        metrics=f"{DEFAULT_MODEL_DIR}/sft_metrics.json",
+    params:
+        seed=DEFAULT_MODEL["seed"],
+        steps=DEFAULT_MODEL["sft"]["steps"],
+        batch_size=DEFAULT_MODEL["sft"]["batch_size"],
+        seq_len=DEFAULT_MODEL["sft"]["seq_len"],
+        lr=DEFAULT_MODEL["sft"]["lr"],
+    log:
+        "results/logs/sft.log",
+    benchmark:
+        "results/benchmarks/sft.tsv"
+    threads: 1
+    script:
+        "../scripts/sft.py"

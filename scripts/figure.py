@@ -1,0 +1,22 @@
+"""Draw one of the report's figures from the rows a rule wrote (which one: params.kind)."""
+import pandas as pd
+
+from kvlab import figures
+from kvlab.io import read_json
+from kvlab.workflow import run
+
+DRAW = {
+    "cost_curves": (figures.cost_curve, "csv"),
+    "step_times": (figures.latency_curve, "json"),
+    "topp_survivors": (figures.topp_curve, "csv"),
+    "temperature_effect": (figures.temperature_curve, "csv"),
+}
+
+
+def main(snakemake):
+    draw, kind = DRAW[snakemake.params.kind]
+    data = read_json(snakemake.input.data) if kind == "json" else pd.read_csv(snakemake.input.data).to_dict("records")
+    draw(data, snakemake.output.figure)
+
+
+run(snakemake, main)

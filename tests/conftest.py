@@ -1,0 +1,42 @@
+import json
+
+import pytest
+
+from kvlab.bpe import train_tokenizer
+from kvlab.checkpoint import save_checkpoint
+from kvlab.tokenizer import load_tokenizer
+
+from helpers import random_model
+
+SENTENCES = [
+    "민수는 아침에 가람 마을의 시장에 갔다.",
+    "가람 마을의 특산물은 배입니다.",
+    "지우는 여름에 바다 마을에서 친구를 만났다.",
+    "user\n가람 마을의 특산물은 무엇인가요?",
+    "assistant\n가람 마을의 특산물은 배입니다.",
+]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    """A small byte-level BPE folder trained by kvlab.bpe, with a ChatML template."""
+    folder = tmp_path_factory.mktemp("tok")
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": s}, ensure_ascii=False) + "\n" for s in SENTENCES * 20), encoding="utf-8")
+    train_tokenizer([corpus], 400, folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def course(tmp_path_factory, tokenizer_dir):
+    """A course folder as a user would point at: checkpoints, tokenizer, validation data."""
+    folder = tmp_path_factory.mktemp("course")
+    vocab = load_tokenizer(tokenizer_dir).vocab_size
+    save_checkpoint(random_model(0, vocab_size=vocab), folder / "pretrain.pth")
+    save_checkpoint(random_model(1, vocab_size=vocab), folder / "sft.pth")
+    docs = [f"민수는 {i}일에 가람 마을의 시장에 갔다. 지우는 바다 마을에서 친구를 만났다. "
+            f"가람 마을의 특산물은 배입니다. 민수는 여름에 {i}번 바다에 갔다." for i in range(8)]
+    (folder / "pretrain_val.jsonl").write_text(
+        "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    return {"pretrain": folder / "pretrain.pth", "sft": folder / "sft.pth", "tokenizer": tokenizer_dir,
+            "val_data": folder / "pretrain_val.jsonl"}

@@ -1,0 +1,267 @@
+"""Bad input, faults and safety: one-line errors naming the key or file, nothing half-written left."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from kvlab.checkpoint import CheckpointError, load_model, save_checkpoint
+from kvlab.io import write_json_atomic
+from kvlab.lab import DataError, make_prompt, read_val_texts
+from kvlab.tokenizer import load_tokenizer
+
+from helpers import course_config, random_model, snakemake, snakemake_cmd
+
+RESULT_NAMES = ["prompt", "same", "count", "time", "kvbytes", "temp", "topp"]
+
+
+def error_line(result, needle):
+    """The single output line that carries the message (and assert there is one)."""
+    text = result.stdout + result.stderr
+    lines = [line for line in text.splitlines() if needle in line]
+    assert lines, f"no line with {needle!r} in:\n{text[-3000:]}"
+    return lines[0]
+
+
+def assert_no_results(workdir, names=RESULT_NAMES):
+    for name in names:
+        assert not (workdir / "results" / f"{name}.json").exists(), name
+
+
+# --- config: refused by the schema before any job runs -------------------------------------
+
+BAD_CONFIGS = [
+    ({"colour": "blue"}, "'colour' was unexpected"),
+    ({"lab": {"tempo": {}}}, "'tempo' was unexpected"),
+    ({"device": 3}, "config key 'device'"),
+    ({"lab": {"temp": {"temperatures": [0.3, 0]}}}, "config key 'lab.temp.temperatures.1'"),
+    ({"lab": {"temp": {"temperatures": [-1.0]}}}, "config key 'lab.temp.temperatures.0'"),
+    ({"lab": {"topp": {"ps": [0.5, 1.5]}}}, "config key 'lab.topp.ps.1'"),
+    ({"lab": {"topp": {"ps": [0]}}}, "config key 'lab.topp.ps.0'"),
+    ({"lab": {"prompt": {"cut_tokens": 0}}}, "config key 'lab.prompt.cut_tokens'"),
+    ({"lab": {"same": {"new_tokens": 0}}}, "config key 'lab.same.new_tokens'"),
+    ({"lab": {"temp": {"samples": 0}}}, "config key 'lab.temp.samples'"),
+    ({"lab": {"prompt": {"n_docs": 0}}}, "config key 'lab.prompt.n_docs'"),
+    ({"lab": {"time": {"repeats": "three"}}}, "config key 'lab.time.repeats'"),
+]
+
+
+@pytest.mark.parametrize("config,needle", BAD_CONFIGS)
+def test_bad_config_is_refused_before_any_job(tmp_path, config, needle):
+    result = snakemake(tmp_path, "-n", config=config, check=False)
+    assert result.returncode != 0
+    line = error_line(result, needle)
+    assert "config" in line
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("key", ["pretrain", "sft", "val_data", "tokenizer"])
+def test_missing_configured_path_names_key_and_path(tmp_path, course, key):
+    config = course_config(course)
+    config[key] = str(tmp_path / "nowhere" / "file")
+    result = snakemake(tmp_path, "-n", config=config, check=False)
+    assert result.returncode != 0
+    line = error_line(result, f"config key '{key}'")
+    assert str(tmp_path / "nowhere") in line
+    assert not (tmp_path / "results").exists()
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+def test_not_a_torch_file(tmp_path):
+    path = tmp_path / "notes.pth"
+    path.write_text("these are my notes, not weights")
+    with pytest.raises(CheckpointError, match=r"notes\.pth: not a loadable PyTorch state_dict"):
+        load_model(path)
+
+
+def test_truncated_checkpoint(tmp_path):
+    save_checkpoint(random_model(), tmp_path / "full.pth")
+    data = (tmp_path / "full.pth").read_bytes()
+    (tmp_path / "cut.pth").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"cut\.pth: not a loadable PyTorch state_dict"):
+        load_model(tmp_path / "cut.pth")
+
+
+def test_other_architecture_names_first_mismatch(tmp_path):
+    save_checkpoint(random_model(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32), tmp_path / "a.pth")
+    # same names, but a tensor shaped for a different model
+    state = torch.load(tmp_path / "a.pth", weights_only=True)
+    state["model.layers.0.self_attn.v_proj.weight"] = torch.zeros(64, 64, dtype=torch.float16)
+    torch.save(state, tmp_path / "b.pth")
+    with pytest.raises(CheckpointError, match=r"b\.pth: tensor model\.layers\.0\.self_attn\.v_proj\.weight has shape \(64, 64\), the architecture expects \(32, 64\)"):
+        load_model(tmp_path / "b.pth")
+
+
+def test_missing_and_unexpected_keys_are_listed(tmp_path):
+    state = random_model().state_dict()
+    del state["model.layers.3.mlp.up_proj.weight"]
+    state["model.layers.0.mlp.extra.weight"] = torch.zeros(2)
+    torch.save(state, tmp_path / "odd.pth")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "odd.pth")
+    message = str(err.value)
+    assert "odd.pth" in message and "\n" not in message
+    assert "missing 1 tensor(s): model.layers.3.mlp.up_proj.weight" in message
+    assert "unexpected 1 tensor(s): model.layers.0.mlp.extra.weight" in message
+
+
+def test_not_a_state_dict(tmp_path):
+    torch.save([torch.zeros(2)], tmp_path / "list.pth")
+    with pytest.raises(CheckpointError, match="expected a state_dict"):
+        load_model(tmp_path / "list.pth")
+
+
+def test_tokenizer_too_big_for_the_checkpoint_fails_the_job(tmp_path, course):
+    small = tmp_path / "small.pth"
+    save_checkpoint(random_model(vocab_size=100), small)
+    config = {**course_config(course), "pretrain": str(small)}
+    result = snakemake(tmp_path, "results/topp.json", config=config, check=False)
+    assert result.returncode != 0
+    line = error_line(result, "kvlab error in rule topp")
+    assert "small.pth" in line and "vocab_size=100" in line
+    assert_no_results(tmp_path, ["topp"])
+
+
+def test_padded_model_vocabulary_is_fine(tmp_path, course):
+    vocab = load_tokenizer(course["tokenizer"]).vocab_size
+    padded = tmp_path / "padded.pth"
+    save_checkpoint(random_model(vocab_size=vocab + 64), padded)
+    config = {**course_config(course), "pretrain": str(padded)}
+    snakemake(tmp_path, "results/topp.json", config=config)
+    assert json.loads((tmp_path / "results" / "topp.json").read_text())["0.5"] >= 1
+
+
+# --- validation data ---------------------------------------------------------------------------
+
+def write_lines(path, lines, bom=False):
+    path.write_text(("\ufeff" if bom else "") + "\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}', '{"text": "둘"', '{"text": "셋"}'])
+    with pytest.raises(DataError, match=r"val\.jsonl:2: not a JSON object"):
+        read_val_texts(path, 3)
+
+
+def test_line_without_text(tmp_path):
+    path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}', '{"content": "둘"}'])
+    with pytest.raises(DataError, match=r'val\.jsonl:2: expected an object with a string "text" field'):
+        read_val_texts(path, 2)
+
+
+def test_fewer_documents_than_n_docs(tmp_path):
+    path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}'])
+    with pytest.raises(DataError, match=r"val\.jsonl: has 1 documents, the lab needs n_docs=6"):
+        read_val_texts(path, 6)
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "val.jsonl"
+    path.write_text("")
+    with pytest.raises(DataError, match="has 0 documents"):
+        read_val_texts(path, 1)
+
+
+def test_bom_and_blank_lines_are_accepted(tmp_path):
+    path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}', "", "   ", '{"text": "둘"}'], bom=True)
+    assert read_val_texts(path, 2) == ["하나", "둘"]
+
+
+def test_fewer_tokens_than_cut_tokens(tokenizer_dir):
+    with pytest.raises(DataError, match="fewer than cut_tokens=500"):
+        make_prompt(load_tokenizer(tokenizer_dir), ["짧은 글"], 500)
+
+
+def test_bad_validation_data_fails_the_prompt_job(tmp_path, course):
+    bad = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}', "not json"])
+    config = {**course_config(course), "val_data": str(bad)}
+    result = snakemake(tmp_path, "results/prompt.json", config=config, check=False)
+    assert result.returncode != 0
+    line = error_line(result, "kvlab error in rule prompt")
+    assert f"{bad}:2" in line
+    assert_no_results(tmp_path, ["prompt"])
+
+
+# --- tokenizer ---------------------------------------------------------------------------------
+
+def test_chat_template_fallback_is_reported(tmp_path, course):
+    plain = tmp_path / "tok"
+    shutil.copytree(course["tokenizer"], plain)
+    config_path = plain / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    del config["chat_template"]
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    run_config = {**course_config(course), "tokenizer": str(plain)}
+    snakemake(tmp_path, "results/report.md", config=run_config)
+    assert json.loads((tmp_path / "results" / "temp_answers.json").read_text())["chat_template"] == "ChatML fallback"
+    assert "ChatML" in (tmp_path / "results" / "report.md").read_text(encoding="utf-8")
+
+
+# --- limits ------------------------------------------------------------------------------------
+
+def test_generation_past_max_positions_is_refused(tmp_path, course):
+    short = tmp_path / "short.pth"
+    save_checkpoint(random_model(vocab_size=load_tokenizer(course["tokenizer"]).vocab_size), short)
+    config = {**course_config(course, same={"new_tokens": 40}), "pretrain": str(short),
+              "model_overrides": {"max_position_embeddings": 96}}
+    result = snakemake(tmp_path, "results/same.json", config=config, check=False)
+    assert result.returncode != 0
+    line = error_line(result, "kvlab error in rule same")
+    assert "max_position_embeddings (96)" in line
+    assert_no_results(tmp_path, ["same", "count"])
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.json"
+    with pytest.raises(TypeError):
+        write_json_atomic(target, {"bad": object()})
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+    write_json_atomic(target, {"ok": 1})
+    write_json_atomic(target, {"ok": 2})
+    assert json.loads(target.read_text()) == {"ok": 2} and len(list(tmp_path.iterdir())) == 1
+
+
+def test_run_killed_during_timing_reruns_to_completion(tmp_path, course):
+    config = course_config(course, time={"new_tokens": 40, "repeats": 25})
+    snakemake(tmp_path, "results/prompt.json", config=config)
+    cmd = snakemake_cmd(tmp_path, "results/time.json", config=config)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "results" / "logs" / "timing.log"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (log.exists() and "loaded" in log.read_text()):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "results" / "time.json").exists()
+    # a SIGKILL leaves Snakemake's lock behind; the README tells the user to unlock, then rerun
+    rerun_config = course_config(course, time={"new_tokens": 4, "repeats": 3})
+    snakemake(tmp_path, "--unlock", config=rerun_config)
+    snakemake(tmp_path, "results/time.json", config=rerun_config)
+    timing = json.loads((tmp_path / "results" / "time.json").read_text())
+    assert timing["speedup"] > 0
+    assert json.loads((tmp_path / "results" / "time_runs.json").read_text())["new_tokens"] == 4
+
+
+# --- determinism -------------------------------------------------------------------------------
+
+# wall-clock measurements differ run to run: these files hold times
+EXEMPT = {"time.json", "time_runs.json", "latency.json", "check.json"}
+
+
+def test_two_clean_builds_give_identical_json(tmp_path, course):
+    outputs = []
+    for name in ("a", "b"):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        snakemake(workdir, config=course_config(course))
+        outputs.append({p.name: p.read_bytes() for p in (workdir / "results").glob("*.json") if p.name not in EXEMPT})
+    assert set(outputs[0]) >= {"prompt.json", "same.json", "count.json", "kvbytes.json", "temp.json", "topp.json"}
+    assert outputs[0] == outputs[1]

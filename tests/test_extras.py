@@ -1,0 +1,254 @@
+"""Beyond the lab sheet (rules/extras.smk): the curves against the lab's own files and formulas,
+the capacity arithmetic, the figures and report sections, and the self-check on a good folder
+and on a folder with one number altered. One tiny build, shared by the module."""
+import json
+import math
+import shutil
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from kvlab import check, curves, lab
+from kvlab.capacity import GIB, capacity_rows, vllm_line
+from kvlab.model import MiniMindConfig
+from kvlab.report import fed_formulas
+
+from helpers import TINY_ARCH, course_config, random_model, snakemake
+
+def extras_config(course, **extras):
+    config = course_config(course)
+    config["extras"] = {**config["extras"], **extras}
+    return config
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, course):
+    workdir = tmp_path_factory.mktemp("extras")
+    snakemake(workdir, config=extras_config(course))
+    return workdir / "results"
+
+
+def load(results, name):
+    return json.loads((results / name).read_text(encoding="utf-8"))
+
+
+# --- the curves, checked against the lab's files and formulas ---------------------------------
+
+
+def test_sweep_measured_tokens_equal_the_formulas_at_every_n(built):
+    sweep = pd.read_csv(built / "sweep.csv")
+    prompt_len = load(built, "prompt.json")["prompt_len"]
+    assert sweep["new_tokens"].tolist() == [2, 5, 9]
+    for row in sweep.to_dict("records"):
+        n = row["new_tokens"]
+        assert row["prompt_len"] == prompt_len
+        assert row["fed_with_cache"] == row["formula_with_cache"] == prompt_len + n - 1
+        assert row["fed_without_cache"] == row["formula_without_cache"] == prompt_len * n + n * (n - 1) // 2
+        assert row["same_ids"] and row["timed_runs"] == 1
+        assert row["speedup"] == pytest.approx(row["without_cache_s"] / row["with_cache_s"])
+
+
+def test_latency_steps_fit_and_prediction(built):
+    latency, timing = load(built, "latency.json"), load(built, "time.json")
+    p, n = latency["prompt_len"], latency["new_tokens"]
+    assert n == 24 and latency["repeats"] == 2
+    with_cache, without_cache = latency["with_cache"], latency["without_cache"]
+    assert with_cache["fed_tokens"] == [p] + [1] * (n - 1)
+    assert without_cache["fed_tokens"] == list(range(p, p + n))
+    assert sum(with_cache["fed_tokens"]) == fed_formulas(p, n)["with_cache"]
+    assert sum(without_cache["fed_tokens"]) == fed_formulas(p, n)["without_cache"]
+    for mode in (with_cache, without_cache):
+        assert mode["context_tokens"] == list(range(p, p + n))
+        assert len(mode["step_s"]) == n and min(mode["step_s"]) > 0
+        assert mode["ttft_s"] == mode["step_s"][0]
+        assert mode["tpot_s"] == statistics.median(mode["step_s"][1:])
+    per_token, fixed = np.polyfit(without_cache["fed_tokens"], without_cache["step_s"], 1)
+    assert latency["fit"]["fixed_s"] == pytest.approx(fixed, rel=1e-6, abs=1e-9)
+    assert latency["fit"]["per_token_s"] == pytest.approx(per_token, rel=1e-6, abs=1e-12)
+    predicted = latency["predicted"]
+    assert predicted["with_cache_s"] == pytest.approx(n * fixed + per_token * fed_formulas(p, n)["with_cache"])
+    assert predicted["speedup"] == pytest.approx(predicted["without_cache_s"] / predicted["with_cache_s"])
+    assert n == load(built, "time_runs.json")["new_tokens"] and timing["speedup"] > 0  # step 3's generation
+
+
+def test_kv_capacity_rows(built):
+    rows = pd.read_csv(built / "kv_capacity.csv").to_dict("records")
+    assert len(rows) == 2 * 2 * 2 * 2  # (lab model, tiny) x dtypes x budgets x contexts
+    assert {row["model"] for row in rows} == {"lab pretrain", "tiny GQA"}
+    for row in rows:
+        element = 4 if row["dtype"] == "float32" else 2
+        layers, kv_heads, head_dim = (4, 2, 32) if row["model"] == "lab pretrain" else (2, 2, 16)
+        assert (row["layers"], row["kv_heads"], row["head_dim"]) == (layers, kv_heads, head_dim)
+        assert row["bytes_per_token_formula"] == row["bytes_per_token_measured"] == 2 * layers * kv_heads * head_dim * element
+        per_request = row["bytes_per_token_formula"] * row["context_tokens"]
+        assert row["max_requests"] == int(row["budget_gib"] * GIB) // per_request
+        assert row["vllm_line"].endswith(
+            f"Maximum concurrency for {row['context_tokens']:,} tokens per request: {row['max_concurrency']:.2f}x")
+    # 0.001 GiB (1,073,741 bytes) against 2,048 bytes per token in float32: 32 requests of 16 tokens, 5 of 100
+    small = [r for r in rows if r["budget_gib"] == 0.001 and r["model"] == "lab pretrain" and r["dtype"] == "float32"]
+    assert [r["max_requests"] for r in small] == [32, 5]
+
+
+def test_topp_curve_agrees_with_the_lab_step(built):
+    curve = pd.read_csv(built / "topp_curve.csv").to_dict("records")
+    # the grid (step 0.25) and the lab sheet's own p values
+    assert [row["p"] for row in curve] == [0.25, 0.5, 0.75, 0.9, 0.99, 1.0]
+    topp, sharp = load(built, "topp.json"), load(built, "topp_sharp.json")
+    at_lab_ps = {str(row["p"]): row for row in curve if row["lab_p"]}
+    assert set(at_lab_ps) == set(topp)
+    for key, row in at_lab_ps.items():
+        assert row["flat"] == topp[key] and row["sharp"] == sharp["survivors"][key]
+    for column in ("flat", "sharp"):
+        values = [row[column] for row in curve]
+        assert values == sorted(values) and values[0] >= 1
+
+
+def test_temperature_curve_agrees_with_the_lab_step(built):
+    curve = pd.read_csv(built / "temp_curve.csv").to_dict("records")
+    assert [row["temperature"] for row in curve] == [0.5, 1.0, 1.5]
+    # same question, samples, seed and rule as step 5: at 1.5 the counts must be the lab's
+    assert next(row for row in curve if row["temperature"] == 1.5)["distinct"] == load(built, "temp.json")["1.5"]["distinct"]
+    answers = load(built, "temp_curve_answers.json")["answers"]
+    assert answers["1.5"] == load(built, "temp_answers.json")["answers"]["1.5"]
+    for row in curve:
+        assert row["samples"] == 6 and row["distinct"] == len(set(answers[str(row["temperature"])]))
+        assert 0 < row["mean_entropy_nats"] <= math.log(row["vocab_size"]) + 1e-6
+        assert 6 <= row["sampled_tokens"] <= 6 * 5
+    entropies = [row["mean_entropy_nats"] for row in curve]
+    assert entropies == sorted(entropies)  # a hotter softmax is flatter
+
+
+def test_figures_are_pngs_linked_from_the_report(built):
+    report = (built / "report.md").read_text(encoding="utf-8")
+    for name in ("cost_curves", "step_times", "topp_survivors", "temperature_effect"):
+        path = built / "figures" / f"{name}.png"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](figures/{name}.png)" in report
+    for heading in ("## KV 캐시", "## 온도", "## top-p", "## 비용 곡선", "## 지연 시간 분해", "## KV 캐시 용량",
+                    "## top-p 곡선", "## 온도 곡선"):
+        assert heading in report
+    assert "Maximum concurrency for 100 tokens per request" in report
+
+
+def test_html_report_holds_every_marked_result(built, course):
+    snakemake(built.parent, "--report", "results/report.html", config=extras_config(course))
+    html = (built / "report.html").read_text(encoding="utf-8")
+    for name in ("report.md", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv", "temp_curve.csv",
+                 "cost_curves.png", "step_times.png", "topp_survivors.png", "temperature_effect.png"):
+        assert name in html
+    assert "Beyond the lab" in html
+
+
+def test_progress_lines_in_the_sweep_log(built):
+    log = (built / "logs" / "sweep.log").read_text(encoding="utf-8")
+    assert "[1/3] N=2" in log and "[3/3] N=9" in log
+
+
+# --- the self-check -----------------------------------------------------------------------------
+
+
+def test_check_passes_on_the_build(built):
+    result = load(built, "check.json")
+    assert result["ok"], check.verdict_table(result)
+    assert list(result["rules"]) == ["fed_with_cache", "fed_without_cache", "same_ids", "kv_bytes", "cache_faster",
+                                     "report_headings", "report_speedup", "report_measured_bytes", "temp_keys",
+                                     "topp_keys"]
+
+
+def alter(folder, name, change):
+    """Rewrite one JSON file of `folder` after `change(data)`."""
+    data = json.loads((folder / name).read_text(encoding="utf-8"))
+    change(data)
+    (folder / name).write_text(json.dumps(data), encoding="utf-8")
+
+
+@pytest.mark.parametrize("name, change, rule", [
+    (None, None, None),
+    ("count.json", lambda d: d.update(fed_without_cache=d["fed_without_cache"] + 1), "fed_without_cache"),
+    ("kvbytes.json", lambda d: d.update(formula_bytes=d["formula_bytes"] + 4), "kv_bytes"),
+], ids=["untouched", "fed_tokens", "formula_bytes"])
+def test_check_on_a_copied_folder(built, course, tmp_path, name, change, rule):
+    """As an instructor runs it: `snakemake check` with extras.check.results_dir pointing at a folder."""
+    student = tmp_path / "student"
+    shutil.copytree(built, student, ignore=shutil.ignore_patterns("logs", "benchmarks", "figures", "check.json"))
+    if name:
+        alter(student, name, change)
+    config = extras_config(course, check={"results_dir": str(student)})
+    (tmp_path / "grader").mkdir()
+    run = snakemake(tmp_path / "grader", "check", config=config, check=False)
+    verdicts = json.loads((tmp_path / "grader" / "results" / "logs" / "check.json").read_text(encoding="utf-8"))
+    assert verdicts["results_dir"] == str(student)
+    if rule is None:
+        assert run.returncode == 0 and verdicts["ok"], run.stdout + run.stderr
+        assert (tmp_path / "grader" / "results" / "check.json").is_file()
+    else:
+        assert run.returncode != 0
+        assert f"FAILED: {rule}" in run.stdout and f"check failed: {rule} (" in run.stderr
+        assert [r for r, v in verdicts["rules"].items() if not v["ok"]] == [rule]
+
+
+# --- the package functions, without Snakemake --------------------------------------------------
+
+
+def test_grid_lands_on_its_end():
+    assert curves.grid(0.05, 1.0, 0.05)[-1] == 1.0 and len(curves.grid(0.05, 1.0, 0.05)) == 20
+    assert curves.grid(0.1, 2.0, 0.1)[:3] == [0.1, 0.2, 0.3] and len(curves.grid(0.1, 2.0, 0.1)) == 20
+    with pytest.raises(ValueError):
+        curves.grid(1.0, 0.5, 0.1)
+
+
+def test_fit_recovers_a_line():
+    fed = [10, 11, 12, 13, 14]
+    fit = curves.fit_step_cost(fed, [0.002 + 1e-5 * x for x in fed])
+    assert fit["fixed_s"] == pytest.approx(0.002) and fit["per_token_s"] == pytest.approx(1e-5)
+    assert fit["r2"] == pytest.approx(1.0)
+    assert curves.predict_time([10, 1, 1], fit) == pytest.approx(3 * 0.002 + 12 * 1e-5)
+
+
+def test_recording_forward_records_lengths_and_times_and_counting_forward_still_counts():
+    model = random_model(0)
+    prompt = torch.tensor([[1, 5, 6, 7]])
+    with lab.recording_forward(model) as calls:
+        model.generate(prompt, max_new_tokens=3, use_cache=True, **lab.GREEDY)
+    assert calls.fed_lengths == [4, 1, 1] and len(calls.seconds) == 3 and min(calls.seconds) > 0
+    with lab.counting_forward(model) as lengths:
+        model.generate(prompt, max_new_tokens=3, use_cache=False, **lab.GREEDY)
+    assert lengths == [4, 5, 6]
+    assert "forward" not in vars(model)  # the wrapper is gone
+
+
+def test_sampled_entropy_matches_a_direct_computation():
+    model = random_model(0)
+    prompt = torch.tensor([[1, 5, 6, 7]])
+    entropy = curves.SampledEntropy(0.7, eos_id=None)
+    with lab.recording_forward(model, observe=entropy):
+        torch.manual_seed(0)
+        out = model.generate(prompt, max_new_tokens=3, temperature=0.7, do_sample=True, top_k=0, top_p=1.0,
+                             num_return_sequences=2, eos_token_id=None)
+    with torch.inference_mode():
+        logits = model(out[:, :-1]).logits[:, 3:, :] / 0.7  # the three positions that drew a token
+    probs = torch.softmax(logits.float(), dim=-1)
+    expected = float(-(probs * probs.log()).sum(-1).mean())
+    assert entropy.tokens == 6 and entropy.mean_nats == pytest.approx(expected, rel=1e-4)
+
+
+def test_capacity_arithmetic():
+    config = MiniMindConfig(hidden_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4)
+    per_token = {"formula": 2 * 8 * 4 * 96 * 2, "measured": 12288.0}
+    rows = capacity_rows("MiniMind", config, "float16", per_token, [32768], [80])
+    assert rows[0]["max_requests"] == 80 * GIB // (12288 * 32768) == 213
+    assert rows[0]["vllm_line"] == vllm_line(80 * GIB // 12288, 32768, 80 * GIB / (12288 * 32768))
+    assert rows[0]["vllm_line"] == ("KV cache size: 6,990,506 tokens, "
+                                    "Maximum concurrency for 32,768 tokens per request: 213.33x")
+
+
+def test_check_reports_missing_files_and_keys(tmp_path):
+    (tmp_path / "count.json").write_text(json.dumps({"prompt_len": 5}), encoding="utf-8")
+    result = check.check_results(tmp_path, [0.3, 1.0, 1.5], 30, [0.5, 0.9, 0.99])
+    assert not result["ok"]
+    assert result["rules"]["fed_with_cache"]["detail"] == "missing key 'new_tokens'"
+    assert result["rules"]["same_ids"]["detail"].startswith("file not found")
+    assert "FAILED: fed_with_cache" in check.verdict_table(result)

@@ -1,0 +1,157 @@
+"""The lab as a DAG, with a user's own course files (random weights, tiny sizes):
+every file contract against the formulas for this run's P and N, targeted builds, reruns."""
+import json
+
+import pytest
+import torch
+
+from kvlab.report import fed_formulas
+from kvlab.tokenizer import load_tokenizer
+
+from helpers import course_config, snakemake
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, course):
+    workdir = tmp_path_factory.mktemp("run")
+    snakemake(workdir, config=course_config(course))
+    return workdir
+
+
+def load(workdir, name):
+    return json.loads((workdir / "results" / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_prompt_contract(built, course):
+    prompt = load(built, "prompt")
+    assert set(prompt) == {"ids", "prompt_len", "n_docs", "cut_tokens", "text"}
+    tok = load_tokenizer(course["tokenizer"])
+    texts = [json.loads(line)["text"] for line in course["val_data"].read_text(encoding="utf-8").splitlines()[:3]]
+    assert prompt["text"] == " ".join(texts)
+    assert prompt["ids"] == [tok.bos_id] + tok.encode(" ".join(texts))[:64]
+    assert prompt["prompt_len"] == 65 and prompt["n_docs"] == 3 and prompt["cut_tokens"] == 64
+
+
+def test_same_and_count_contracts(built):
+    same, count = load(built, "same"), load(built, "count")
+    assert set(same) == {"same_ids", "ids", "prompt_len", "new_tokens"}
+    assert same["same_ids"] is True and len(same["ids"]) == same["new_tokens"] == 10
+    assert set(count) == {"prompt_len", "new_tokens", "fed_with_cache", "fed_without_cache"}
+    p, n = count["prompt_len"], count["new_tokens"]
+    assert (p, n) == (65, 10)
+    assert count["fed_with_cache"] == p + n - 1
+    assert count["fed_without_cache"] == p * n + n * (n - 1) // 2
+    assert fed_formulas(p, n) == {"with_cache": count["fed_with_cache"], "without_cache": count["fed_without_cache"]}
+
+
+def test_time_contract(built):
+    timing, runs = load(built, "time"), load(built, "time_runs")
+    assert set(timing) == {"with_cache_s", "without_cache_s", "speedup"}
+    assert timing["speedup"] == pytest.approx(timing["without_cache_s"] / timing["with_cache_s"])
+    assert len(runs["runs_s"]["with_cache"]) == len(runs["runs_s"]["without_cache"]) == 3
+    assert timing["with_cache_s"] == sorted(runs["runs_s"]["with_cache"])[1]  # the median of three
+
+
+def test_kvbytes_contract(built):
+    kv = load(built, "kvbytes")
+    assert set(kv) == {"tokens", "measured_bytes", "formula_bytes", "k_shape"}
+    assert kv["tokens"] == 12 and kv["k_shape"] == [1, 12, 2, 32]
+    assert kv["measured_bytes"] == kv["formula_bytes"] == 2 * 4 * 12 * 2 * 32 * 4
+
+
+def test_temp_contract(built):
+    temp, side = load(built, "temp"), load(built, "temp_answers")
+    assert set(temp) == {"0.3", "1.5"}
+    for key, row in temp.items():
+        assert set(row) == {"distinct"}
+        answers = side["answers"][key]
+        assert len(answers) == 6 and row["distinct"] == len(set(answers))
+        assert not any("<|im_end|>" in a for a in answers)
+
+
+def test_topp_contract(built):
+    topp, sharp = load(built, "topp"), load(built, "topp_sharp")
+    assert list(topp) == ["0.5", "0.9", "0.99"]
+    assert 1 <= topp["0.5"] <= topp["0.9"] <= topp["0.99"]
+    assert set(sharp["survivors"]) == set(topp)
+
+
+def test_report_has_the_sections_and_the_numbers(built):
+    report = (built / "results" / "report.md").read_text(encoding="utf-8")
+    for heading in ("## KV 캐시", "## 온도", "## top-p"):
+        assert heading in report
+    timing, kv, count = load(built, "time"), load(built, "kvbytes"), load(built, "count")
+    assert f"{timing['speedup']:.2f}" in report
+    assert f"{kv['measured_bytes']:,}" in report
+    assert f"{count['fed_without_cache']:,}" in report
+
+
+def test_nothing_left_to_do_after_a_build(built, course):
+    dry = snakemake(built, "-n", config=course_config(course))
+    assert "Nothing to be done" in dry.stdout + dry.stderr
+
+
+def dry_run_jobs(workdir, *targets, config=None):
+    """{rule: count} from the "Job stats" table of a dry run."""
+    result = snakemake(workdir, "-n", *targets, config=config)
+    lines = (result.stdout + result.stderr).splitlines()
+    if not any(line.startswith("Job stats:") for line in lines):
+        return {}
+    table = lines[[i for i, line in enumerate(lines) if line.startswith("Job stats:")][0] + 3 :]
+    jobs = {}
+    for line in table:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+def test_topp_alone_runs_only_its_ancestors(tmp_path, course):
+    assert dry_run_jobs(tmp_path, "results/topp.json", config=course_config(course)) == {"topp": 1}
+
+
+def test_topp_alone_from_the_embedded_default(tmp_path):
+    jobs = dry_run_jobs(tmp_path, "results/topp.json")
+    assert set(jobs) == {"corpus", "tokenizer", "pretrain", "topp"}, jobs
+
+
+def test_changing_temperatures_reruns_only_temp_and_report(built, course):
+    config = course_config(course, temp={"temperatures": [0.3, 1.0]})
+    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "check": 1, "all": 1}
+
+
+def test_dag_prints_a_graph(tmp_path, course):
+    dag = snakemake(tmp_path, "--dag", config=course_config(course)).stdout
+    assert dag.lstrip().startswith("digraph") and "topp" in dag and "report" in dag
+    mermaid = snakemake(tmp_path, "--rulegraph", "mermaid-js", config=course_config(course)).stdout
+    assert "flowchart" in mermaid or "graph" in mermaid
+
+
+TINY_DEFAULT_MODEL = {
+    "corpus": {"train_docs": 150, "val_docs": 10, "sft_examples": 120},
+    "tokenizer": {"vocab_size": 400},
+    "pretrain": {"steps": 4, "batch_size": 4, "seq_len": 64},
+    "sft": {"steps": 3, "batch_size": 4, "seq_len": 64},
+}
+
+
+def test_embedded_default_builds_everything_with_a_tiny_budget(tmp_path):
+    """World 1: no course files. The default's own rules (corpus, tokenizer, pretrain, sft) run with
+    a tiny training budget, then the whole lab on their outputs."""
+    config = course_config({}) | {"default_model": TINY_DEFAULT_MODEL}
+    snakemake(tmp_path, config=config)
+    default = tmp_path / "results" / "default"
+    state = torch.load(default / "pretrain.pth", weights_only=True)
+    assert all(t.dtype == torch.float16 for t in state.values())
+    assert "model.layers.3.self_attn.k_norm.weight" in state and "lm_head.weight" in state
+    metrics = json.loads((default / "pretrain_metrics.json").read_text())
+    assert metrics["val_loss"] > 0
+    val_lines = (default / "corpus" / "pretrain_val.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(val_lines) == 10
+    prompt, count, kv = load(tmp_path, "prompt"), load(tmp_path, "count"), load(tmp_path, "kvbytes")
+    assert prompt["text"] == " ".join(json.loads(line)["text"] for line in val_lines[:3])
+    p, n = count["prompt_len"], count["new_tokens"]
+    assert count["fed_with_cache"] == p + n - 1 and count["fed_without_cache"] == p * n + n * (n - 1) // 2
+    assert kv["measured_bytes"] == kv["formula_bytes"] == 2 * 4 * 12 * 2 * 32 * 4
+    assert load(tmp_path, "same")["same_ids"] is True
+    assert "## top-p" in (tmp_path / "results" / "report.md").read_text(encoding="utf-8")
