@@ -111,8 +111,10 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
 
     Each step's time is the median over `repeats` timed generations (after `warmup` untimed).
     TTFT is the first step (the prefill of the whole prompt), TPOT the median of the later
-    steps. The no-cache steps fit seconds = fixed + per_token * fed; that fit then predicts
-    both modes' total time from their fed tokens alone."""
+    steps. Every step of both modes fits seconds = fixed + per_token * fed (the cached steps,
+    one token each, pin the fixed cost; the no-cache steps alone span only P..P+N-1 tokens, and
+    extrapolating that narrow window down to one token can even give a negative fixed cost);
+    the fit then predicts both modes' total time from their fed tokens alone."""
     prompt = lab.prompt_tensor(model, prompt_ids, new_tokens, device)
     prompt_len = len(prompt_ids)
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "warmup": warmup, "repeats": repeats,
@@ -140,9 +142,10 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
             "context_tokens": [prompt_len + step for step in range(len(fed))],
             "step_s": step_s,
         }
-    fit = fit_step_cost(result["without_cache"]["fed_tokens"], result["without_cache"]["step_s"])
+    fit = fit_step_cost([fed for label, _ in MODES for fed in result[label]["fed_tokens"]],
+                        [sec for label, _ in MODES for sec in result[label]["step_s"]])
     predicted = {label: predict_time(result[label]["fed_tokens"], fit) for label, _ in MODES}
-    result["fit"] = {**fit, "on": "without_cache steps"}
+    result["fit"] = {**fit, "on": "every step of both modes"}
     result["predicted"] = {
         "with_cache_s": predicted["with_cache"],
         "without_cache_s": predicted["without_cache"],

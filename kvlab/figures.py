@@ -76,7 +76,7 @@ def latency_curve(latency: dict, path) -> None:
     fit = latency["fit"]
     context = np.array(latency["without_cache"]["context_tokens"])
     ax.plot(context, (fit["fixed_s"] + fit["per_token_s"] * context) * 1000, "k--", lw=1,
-            label=f"fit (no cache): {fit['fixed_s'] * 1000:.2f} ms + {fit['per_token_s'] * 1e6:.2f} µs × fed tokens")
+            label=f"fit (all steps): {fit['fixed_s'] * 1000:.2f} ms + {fit['per_token_s'] * 1e6:.2f} µs × fed tokens")
     ax.set_xlabel("context length: prompt + tokens generated before the step")
     ax.set_ylabel("forward time per step (ms)")
     ax.set_ylim(bottom=0)

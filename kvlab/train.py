@@ -204,6 +204,18 @@ def evaluate(model, batches) -> float:
     return total / max(count, 1)
 
 
+def shuffled_rows(n_rows: int, batch_size: int, seed: int):
+    """Row indices, batch after batch: a fresh seeded shuffle whenever the current epoch runs short
+    (its leftover rows open the next batch)."""
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            order = order + torch.randperm(n_rows, generator=generator).tolist()
+        rows, order = order[:batch_size], order[batch_size:]
+        yield rows
+
+
 def pretrain(model, tokenizer, train_texts: list[str], val_texts: list[str], steps: int, batch_size: int,
              seq_len: int, lr: float, seed: int, log=None, log_every: int = 25,
              warmup_fraction: float = 0.05) -> dict:
@@ -213,15 +225,10 @@ def pretrain(model, tokenizer, train_texts: list[str], val_texts: list[str], ste
     val = pack_documents(tokenizer, val_texts, seq_len)
     _log(log, f"pretrain: {len(train_texts)} documents -> {train.shape[0]} windows of {seq_len + 1} tokens "
               f"({train.numel()} tokens); validation {val.shape[0]} windows; {count_params(model)} parameters")
-    generator = torch.Generator().manual_seed(seed)
-    order: list[int] = []
+    batches = shuffled_rows(train.shape[0], batch_size, seed)
 
     def next_batch():
-        nonlocal order
-        if len(order) < batch_size:  # a fresh shuffled epoch when the current one runs out
-            order = order + torch.randperm(train.shape[0], generator=generator).tolist()
-        rows, order = order[:batch_size], order[batch_size:]
-        batch = train[rows]
+        batch = train[next(batches)]
         return batch, batch
 
     train_loss, seconds = _train_loop(model, next_batch, steps, lr, max(1, int(steps * warmup_fraction)),
@@ -260,15 +267,10 @@ def sft(model, tokenizer, conversations: list[list[dict]], steps: int, batch_siz
         raise ValueError("no SFT examples left to train on")
     _log(log, f"sft: {len(train)} training and {len(val)} held-out conversations, at most {seq_len} tokens each; "
               f"{count_params(model)} parameters")
-    generator = torch.Generator().manual_seed(seed)
-    order: list[int] = []
+    batches = shuffled_rows(len(train), batch_size, seed)
 
     def next_batch():
-        nonlocal order
-        if len(order) < batch_size:
-            order = order + torch.randperm(len(train), generator=generator).tolist()
-        rows, order = order[:batch_size], order[batch_size:]
-        return pad_batch([train[r] for r in rows], PAD_ID)
+        return pad_batch([train[r] for r in next(batches)], PAD_ID)
 
     train_loss, seconds = _train_loop(model, next_batch, steps, lr, max(1, int(steps * warmup_fraction)),
                                       log, log_every, "sft")
