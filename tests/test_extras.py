@@ -16,7 +16,7 @@ from kvlab.capacity import GIB, capacity_rows, vllm_line
 from kvlab.model import MiniMindConfig
 from kvlab.report import fed_formulas
 
-from helpers import TINY_ARCH, course_config, random_model, snakemake
+from helpers import SMALL_LAB, TINY_ARCH, course_config, random_model, snakemake
 
 def extras_config(course, **extras):
     config = course_config(course)
@@ -54,7 +54,7 @@ def test_sweep_measured_tokens_equal_the_formulas_at_every_n(built):
 def test_latency_steps_fit_and_prediction(built):
     latency, timing = load(built, "latency.json"), load(built, "time.json")
     p, n = latency["prompt_len"], latency["new_tokens"]
-    assert n == 24 and latency["repeats"] == 2
+    assert n == SMALL_LAB["time"]["new_tokens"] and latency["repeats"] == 2
     with_cache, without_cache = latency["with_cache"], latency["without_cache"]
     assert with_cache["fed_tokens"] == [p] + [1] * (n - 1)
     assert without_cache["fed_tokens"] == list(range(p, p + n))
@@ -65,7 +65,9 @@ def test_latency_steps_fit_and_prediction(built):
         assert len(mode["step_s"]) == n and min(mode["step_s"]) > 0
         assert mode["ttft_s"] == mode["step_s"][0]
         assert mode["tpot_s"] == statistics.median(mode["step_s"][1:])
-    per_token, fixed = np.polyfit(without_cache["fed_tokens"], without_cache["step_s"], 1)
+    # one line through every step of both modes
+    per_token, fixed = np.polyfit(with_cache["fed_tokens"] + without_cache["fed_tokens"],
+                                  with_cache["step_s"] + without_cache["step_s"], 1)
     assert latency["fit"]["fixed_s"] == pytest.approx(fixed, rel=1e-6, abs=1e-9)
     assert latency["fit"]["per_token_s"] == pytest.approx(per_token, rel=1e-6, abs=1e-12)
     predicted = latency["predicted"]
