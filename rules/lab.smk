@@ -22,8 +22,16 @@ rule same:
         prompt="results/prompt.json",
         pretrain=input_path("pretrain"),
     output:
-        same="results/same.json",
-        fed="results/count.json",
+        same=report(
+            "results/same.json",
+            caption="../report/same.rst",
+            category="Lab sheet",
+        ),
+        fed=report(
+            "results/count.json",
+            caption="../report/count.rst",
+            category="Lab sheet",
+        ),
     params:
         new_tokens=config["lab"]["same"]["new_tokens"],
         **model_params(),
@@ -39,7 +47,11 @@ rule timing:
         prompt="results/prompt.json",
         pretrain=input_path("pretrain"),
     output:
-        time="results/time.json",
+        time=report(
+            "results/time.json",
+            caption="../report/time.rst",
+            category="Lab sheet",
+        ),
         runs="results/time_runs.json",
     params:
         new_tokens=config["lab"]["time"]["new_tokens"],
@@ -60,7 +72,11 @@ rule kvbytes:
     input:
         pretrain=input_path("pretrain"),
     output:
-        kvbytes="results/kvbytes.json",
+        kvbytes=report(
+            "results/kvbytes.json",
+            caption="../report/kvbytes.rst",
+            category="Lab sheet",
+        ),
     params:
         tokens=config["lab"]["kvbytes"]["tokens"],
         seed=config["lab"]["kvbytes"]["seed"],
@@ -77,7 +93,11 @@ rule temp:
         unpack(tokenizer_inputs),
         sft=input_path("sft"),
     output:
-        temp="results/temp.json",
+        temp=report(
+            "results/temp.json",
+            caption="../report/temp.rst",
+            category="Lab sheet",
+        ),
         answers="results/temp_answers.json",
     params:
         question=config["lab"]["temp"]["question"],
@@ -98,7 +118,11 @@ rule topp:
         unpack(tokenizer_inputs),
         pretrain=input_path("pretrain"),
     output:
-        topp="results/topp.json",
+        topp=report(
+            "results/topp.json",
+            caption="../report/topp.rst",
+            category="Lab sheet",
+        ),
         sharp="results/topp_sharp.json",
     params:
         prefix=config["lab"]["topp"]["prefix"],

@@ -138,10 +138,11 @@ def test_figures_are_pngs_linked_from_the_report(built):
 def test_html_report_holds_every_marked_result(built, course):
     snakemake(built.parent, "--report", "results/report.html", config=extras_config(course))
     html = (built / "report.html").read_text(encoding="utf-8")
-    for name in ("report.md", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv", "temp_curve.csv",
+    for name in ("same.json", "count.json", "time.json", "kvbytes.json", "temp.json", "topp.json",
+                 "report.md", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv", "temp_curve.csv",
                  "cost_curves.png", "step_times.png", "topp_survivors.png", "temperature_effect.png"):
         assert name in html
-    assert "Beyond the lab" in html
+    assert "Beyond the lab" in html and "Lab sheet" in html
 
 
 def test_progress_lines_in_the_sweep_log(built):
