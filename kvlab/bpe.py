@@ -16,14 +16,12 @@ import json
 import os
 from pathlib import Path
 
+from kvlab.tokenizer import CHATML_TEMPLATE
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+# The tokenizer writes the same ChatML template that kvlab.tokenizer falls back to.
+CHAT_TEMPLATE = CHATML_TEMPLATE
 
 
 def _single_threaded() -> None:
