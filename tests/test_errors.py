@@ -229,25 +229,48 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     assert json.loads(target.read_text()) == {"ok": 2} and len(list(tmp_path.iterdir())) == 1
 
 
-def test_run_killed_during_timing_reruns_to_completion(tmp_path, course):
-    config = course_config(course, time={"new_tokens": 40, "repeats": 25})
-    snakemake(tmp_path, "results/prompt.json", config=config)
-    cmd = snakemake_cmd(tmp_path, "results/time.json", config=config)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    log = tmp_path / "results" / "logs" / "timing.log"
-    deadline = time.time() + 60
-    while time.time() < deadline and not (log.exists() and "loaded" in log.read_text()):
+def start_and_kill(workdir, target, config, log_name, marker):
+    """Start a build of `target`, SIGKILL the whole process group once the job's log shows
+    `marker`, then unlock (a SIGKILL leaves Snakemake's lock behind; the README says so)."""
+    proc = subprocess.Popen(snakemake_cmd(workdir, target, config=config), cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = workdir / "results" / "logs" / log_name
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and marker in log.read_text(encoding="utf-8")):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert marker in log.read_text(encoding="utf-8"), "the job never got going"
+    snakemake(workdir, "--unlock", config=config)
+
+
+def test_run_killed_during_timing_reruns_to_completion(tmp_path, course):
+    config = course_config(course, time={"new_tokens": 40, "repeats": 25})
+    snakemake(tmp_path, "results/prompt.json", config=config)
+    start_and_kill(tmp_path, "results/time.json", config, "timing.log", "loaded")
     assert not (tmp_path / "results" / "time.json").exists()
-    # a SIGKILL leaves Snakemake's lock behind; the README tells the user to unlock, then rerun
     rerun_config = course_config(course, time={"new_tokens": 4, "repeats": 3})
-    snakemake(tmp_path, "--unlock", config=rerun_config)
     snakemake(tmp_path, "results/time.json", config=rerun_config)
     timing = json.loads((tmp_path / "results" / "time.json").read_text())
     assert timing["speedup"] > 0
     assert json.loads((tmp_path / "results" / "time_runs.json").read_text())["new_tokens"] == 4
+
+
+def test_run_killed_during_training_reruns_to_completion(tmp_path):
+    config = course_config({}) | {"default_model": {
+        "corpus": {"train_docs": 150, "val_docs": 10, "sft_examples": 120},
+        "tokenizer": {"vocab_size": 400},
+        "pretrain": {"steps": 300, "batch_size": 4, "seq_len": 64},
+        "sft": {"steps": 3, "batch_size": 4, "seq_len": 64},
+    }}
+    start_and_kill(tmp_path, "results/default/pretrain.pth", config, "pretrain.log", "pretrain step 25/300")
+    default = tmp_path / "results" / "default"
+    assert not (default / "pretrain.pth").exists() and not (default / "pretrain_metrics.json").exists()
+    snakemake(tmp_path, "results/default/pretrain.pth", config=config)
+    metrics = json.loads((default / "pretrain_metrics.json").read_text())
+    assert metrics["steps"] == 300
+    assert load_model(default / "pretrain.pth").config.num_hidden_layers == 4
+    assert not list(default.glob(".*.tmp"))  # no temporary file of the killed run stands beside it
 
 
 # --- determinism -------------------------------------------------------------------------------
