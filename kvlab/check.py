@@ -10,7 +10,8 @@ import json
 import math
 from pathlib import Path
 
-from kvlab.report import fed_formulas
+from kvlab.io import read_json
+from kvlab.lab import fed_formulas
 
 REPORT_HEADINGS = ("## KV 캐시", "## 온도", "## top-p")
 # The files a results folder must hold for the check (the workflow's `check` rule takes them as input).
@@ -30,8 +31,7 @@ class Folder:
 
     def json(self, name: str):
         if name not in self._cache:
-            with open(self.path / name, encoding="utf-8") as f:
-                self._cache[name] = json.load(f)
+            self._cache[name] = read_json(self.path / name)
         return self._cache[name]
 
     def text(self, name: str) -> str:

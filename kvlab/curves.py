@@ -20,11 +20,10 @@ import numpy as np
 import torch
 
 from kvlab import lab, sampling
-from kvlab.report import fed_formulas
 
 log = logging.getLogger("kvlab")
 
-MODES = (("with_cache", True), ("without_cache", False))
+MODES = lab.MODES
 
 
 def grid(start: float, stop: float, step: float) -> list[float]:
@@ -60,7 +59,7 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
         same, count = lab.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
         timed_runs = repeats_for(new_tokens, repeats, long_from, long_repeats)
         timing, _ = lab.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs, device)
-        formulas = fed_formulas(count["prompt_len"], new_tokens)
+        formulas = lab.fed_formulas(count["prompt_len"], new_tokens)
         row = {
             "new_tokens": new_tokens,
             "prompt_len": count["prompt_len"],

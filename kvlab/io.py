@@ -45,6 +45,20 @@ def write_json_atomic(path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
 
 
+def write_csv_atomic(path, rows: list[dict]) -> None:
+    """One row per dict, columns in the first row's key order."""
+    import pandas as pd  # only the CSV results need it
+
+    with atomic_path(path) as tmp:
+        pd.DataFrame(rows).to_csv(tmp, index=False)
+
+
+def read_csv_rows(path) -> list[dict]:
+    import pandas as pd
+
+    return pd.read_csv(path).to_dict("records")
+
+
 def read_json(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)

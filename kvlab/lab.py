@@ -19,6 +19,8 @@ from kvlab.tokenizer import Tokenizer
 
 # Greedy decoding with every knob off, as the lab sheet asks for steps 1-3.
 GREEDY = dict(do_sample=False, top_k=0, top_p=1.0, eos_token_id=None)
+# The two ways the lab generates: (label in the result files, use_cache).
+MODES = (("with_cache", True), ("without_cache", False))
 
 
 class DataError(ValueError):
@@ -37,8 +39,9 @@ def resolve_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def read_val_texts(path, n_docs: int) -> list[str]:
-    """The first `n_docs` texts of a pretrain_val.jsonl. Blank lines and a UTF-8 BOM are fine."""
+def read_texts(path, n_docs: int | None = None) -> list[str]:
+    """The first `n_docs` texts (all when None) of a MiniMind pretrain jsonl.
+    Blank lines and a UTF-8 BOM are fine."""
     path = Path(path)
     texts: list[str] = []
     with open(path, encoding="utf-8-sig") as f:
@@ -54,6 +57,8 @@ def read_val_texts(path, n_docs: int) -> list[str]:
             texts.append(record["text"])
             if len(texts) == n_docs:
                 return texts
+    if n_docs is None and texts:
+        return texts
     raise DataError(f"{path}: has {len(texts)} documents, the lab needs n_docs={n_docs}")
 
 
@@ -67,6 +72,13 @@ def make_prompt(tokenizer: Tokenizer, texts: list[str], cut_tokens: int) -> dict
         )
     prompt_ids = [tokenizer.bos_id] + ids[:cut_tokens]
     return {"ids": prompt_ids, "prompt_len": len(prompt_ids), "n_docs": len(texts), "cut_tokens": cut_tokens, "text": text}
+
+
+def fed_formulas(prompt_len: int, new_tokens: int) -> dict:
+    """Tokens fed to forward for N new tokens after a P-token prompt: P+N-1 with the cache
+    (prefill, then one a step), P*N + N(N-1)/2 without (everything so far, every step)."""
+    p, n = prompt_len, new_tokens
+    return {"with_cache": p + n - 1, "without_cache": p * n + n * (n - 1) // 2}
 
 
 @dataclass
@@ -158,7 +170,7 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
     Returns (time.json, the raw runs)."""
     prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
     runs: dict[str, list[float]] = {}
-    for label, use_cache in (("with_cache", True), ("without_cache", False)):
+    for label, use_cache in MODES:
         for _ in range(warmup):
             model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
         seconds = []

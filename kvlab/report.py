@@ -9,19 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pandas as pd
-
 from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
-from kvlab.io import read_json
-
-
-def fed_formulas(prompt_len: int, new_tokens: int) -> dict:
-    """Tokens fed to forward for N new tokens after a P-token prompt: P+N-1 with the cache
-    (prefill, then one a step), P*N + N(N-1)/2 without (everything so far, every step)."""
-    p, n = prompt_len, new_tokens
-    return {"with_cache": p + n - 1, "without_cache": p * n + n * (n - 1) // 2}
+from kvlab.io import read_csv_rows, read_json
+from kvlab.lab import fed_formulas
 
 
 def build_context(results: dict[str, dict], language: str, answers_shown: int = 3) -> dict:
@@ -131,7 +123,7 @@ def load_results(result_paths: dict[str, str]) -> dict:
         if path.suffix == ".json":
             results[name] = read_json(path)
         elif path.suffix == ".csv":
-            results[name] = pd.read_csv(path).to_dict("records")
+            results[name] = read_csv_rows(path)
         elif path.suffix == ".png":
             results["figures"][name] = f"{path.parent.name}/{path.name}"
         else:

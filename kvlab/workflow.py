@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from contextlib import ExitStack, redirect_stderr
 from pathlib import Path
 
 import torch
@@ -21,27 +22,34 @@ log = logging.getLogger("kvlab")
 
 
 def run(snakemake, main) -> None:
-    """Call `main(snakemake)` with the log file set up; turn bad input into a one-line error and exit 1."""
-    log_path = Path(snakemake.log[0]) if snakemake.log else None
-    handlers = [logging.StreamHandler(sys.stderr)]
-    if log_path:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        handlers = [logging.FileHandler(log_path, mode="w", encoding="utf-8")]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers, force=True)
-    # One torch thread in every job: the model is tiny, so a second thread buys little and, on a
-    # busy machine, makes timings erratic; results also stay the same whatever --cores is.
-    # Timing rules still reserve every core (threads:) so no other job shares the CPU with them.
-    torch.set_num_threads(1)
-    try:
-        main(snakemake)
-    except USER_ERRORS as err:
-        message = f"kvlab error in rule {snakemake.rule}: {err}"
-        log.error(message)
-        print(message, file=sys.stderr)
-        sys.exit(1)
-    except Exception:
-        log.error(traceback.format_exc())
-        raise
+    """Call `main(snakemake)` with its log set up: the logger and everything written to stderr
+    (library warnings, progress) go, in order, to the rule's log file. Bad input becomes a
+    one-line error on the console (and in the log) and exit status 1."""
+    console = sys.stderr
+    with ExitStack() as stack:
+        stream = console
+        if snakemake.log:
+            log_path = Path(snakemake.log[0])
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            # one handle for both, so the logger's lines and stray stderr never overwrite each other
+            stream = stack.enter_context(open(log_path, "w", encoding="utf-8", buffering=1))
+            stack.enter_context(redirect_stderr(stream))
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                            handlers=[logging.StreamHandler(stream)], force=True)
+        # One torch thread in every job: the model is tiny, so a second thread buys little and, on a
+        # busy machine, makes timings erratic; results also stay the same whatever --cores is.
+        # Timing rules still reserve every core (threads:) so no other job shares the CPU with them.
+        torch.set_num_threads(1)
+        try:
+            main(snakemake)
+        except USER_ERRORS as err:
+            message = f"kvlab error in rule {snakemake.rule}: {err}"
+            log.error(message)
+            print(message, file=console)
+            sys.exit(1)
+        except Exception:
+            log.error(traceback.format_exc())
+            raise
 
 
 def check_vocab(tokenizer, model, checkpoint) -> None:
@@ -54,12 +62,9 @@ def check_vocab(tokenizer, model, checkpoint) -> None:
         )
 
 
-def tokenizer_folder(snakemake):
-    return Path(snakemake.input.tokenizer).parent
-
-
 def load_tokenizer_input(snakemake):
-    return load_tokenizer(tokenizer_folder(snakemake))
+    """The tokenizer folder that holds input `tokenizer` (its tokenizer.json)."""
+    return load_tokenizer(Path(snakemake.input.tokenizer).parent)
 
 
 def load_model_input(snakemake, key: str, tokenizer=None):

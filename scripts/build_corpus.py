@@ -1,5 +1,4 @@
 """Rule corpus: write the generated Korean corpus (pretraining train/val and SFT chat) as jsonl."""
-from contextlib import redirect_stderr
 
 from kvlab.corpus import write_corpus
 from kvlab.workflow import log, run
@@ -7,12 +6,11 @@ from kvlab.workflow import log, run
 
 def main(snakemake):
     p = snakemake.params
-    with open(snakemake.log[0], "a", encoding="utf-8") as err, redirect_stderr(err):
-        write_corpus(
-            {"pretrain_train": snakemake.output.train, "pretrain_val": snakemake.output.val,
-             "sft": snakemake.output.sft},
-            seed=p.seed, train_docs=p.train_docs, val_docs=p.val_docs, sft_examples=p.sft_examples,
-        )
+    write_corpus(
+        {"pretrain_train": snakemake.output.train, "pretrain_val": snakemake.output.val,
+         "sft": snakemake.output.sft},
+        seed=p.seed, train_docs=p.train_docs, val_docs=p.val_docs, sft_examples=p.sft_examples,
+    )
     log.info("corpus: %d train, %d val documents, %d chat examples (seed %d)",
              p.train_docs, p.val_docs, p.sft_examples, p.seed)
 

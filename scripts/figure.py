@@ -1,8 +1,6 @@
 """Draw one of the report's figures from the rows a rule wrote (which one: params.kind)."""
-import pandas as pd
-
 from kvlab import figures
-from kvlab.io import read_json
+from kvlab.io import read_csv_rows, read_json
 from kvlab.workflow import run
 
 DRAW = {
@@ -15,7 +13,7 @@ DRAW = {
 
 def main(snakemake):
     draw, kind = DRAW[snakemake.params.kind]
-    data = read_json(snakemake.input.data) if kind == "json" else pd.read_csv(snakemake.input.data).to_dict("records")
+    data = read_json(snakemake.input.data) if kind == "json" else read_csv_rows(snakemake.input.data)
     draw(data, snakemake.output.figure)
 
 

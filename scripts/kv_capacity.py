@@ -1,8 +1,6 @@
 """KV capacity: bytes per token (formula and measured) and requests per memory budget."""
-import pandas as pd
-
 from kvlab.capacity import kv_capacity
-from kvlab.io import atomic_path
+from kvlab.io import write_csv_atomic
 from kvlab.workflow import load_model_input, log, run
 
 
@@ -12,8 +10,7 @@ def main(snakemake):
     rows = kv_capacity(model, p.architectures, p.dtypes, p.contexts, p.budgets_gib, p.tokens, p.seed, device)
     for row in rows:
         log.info("%s %s, %s GiB: %s", row["model"], row["dtype"], row["budget_gib"], row["vllm_line"])
-    with atomic_path(snakemake.output.capacity) as tmp:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
+    write_csv_atomic(snakemake.output.capacity, rows)
 
 
 run(snakemake, main)

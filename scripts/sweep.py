@@ -1,8 +1,6 @@
 """Cost curves: the lab's steps 1-3 (fed tokens, same ids, median time) for every N in the sweep."""
-import pandas as pd
-
 from kvlab.curves import cost_sweep
-from kvlab.io import atomic_path, read_json
+from kvlab.io import read_json, write_csv_atomic
 from kvlab.workflow import load_model_input, log, run
 
 
@@ -13,8 +11,7 @@ def main(snakemake):
     log.info("sweep over N=%s: %d warm-up, %d timed runs (%d from N=%s)", p.new_tokens, p.warmup, p.repeats,
              p.long_repeats, p.long_from)
     rows = cost_sweep(model, prompt["ids"], p.new_tokens, p.warmup, p.repeats, p.long_from, p.long_repeats, device)
-    with atomic_path(snakemake.output.sweep) as tmp:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
+    write_csv_atomic(snakemake.output.sweep, rows)
 
 
 run(snakemake, main)

@@ -1,8 +1,6 @@
 """Top-p curve: survivors of MiniMind's top-p rule for a grid of p, after both prefixes."""
-import pandas as pd
-
 from kvlab.curves import grid, topp_curve
-from kvlab.io import atomic_path
+from kvlab.io import write_csv_atomic
 from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
 
 
@@ -12,8 +10,7 @@ def main(snakemake):
     p = snakemake.params
     rows = topp_curve(model, tokenizer, p.prefix, p.sharp_prefix, grid(p.step, 1.0, p.step), p.lab_ps, device)
     log.info("%s", rows)
-    with atomic_path(snakemake.output.curve) as tmp:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
+    write_csv_atomic(snakemake.output.curve, rows)
 
 
 run(snakemake, main)

@@ -4,7 +4,6 @@ import os
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before tokenizers starts its pool: byte-identical output
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from contextlib import redirect_stderr  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from kvlab.bpe import train_tokenizer  # noqa: E402
@@ -15,8 +14,7 @@ def main(snakemake):
     out_dir = Path(snakemake.output.tokenizer).parent
     if Path(snakemake.output.tokenizer_config).parent != out_dir:
         raise ValueError("tokenizer.json and tokenizer_config.json must be in the same folder")
-    with open(snakemake.log[0], "a", encoding="utf-8") as err, redirect_stderr(err):
-        summary = train_tokenizer([snakemake.input.train, snakemake.input.sft], snakemake.params.vocab_size, out_dir)
+    summary = train_tokenizer([snakemake.input.train, snakemake.input.sft], snakemake.params.vocab_size, out_dir)
     log.info("tokenizer: %s (asked for at most %d)", summary, snakemake.params.vocab_size)
 
 

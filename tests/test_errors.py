@@ -11,7 +11,7 @@ import torch
 
 from kvlab.checkpoint import CheckpointError, load_model, save_checkpoint
 from kvlab.io import write_json_atomic
-from kvlab.lab import DataError, make_prompt, read_val_texts
+from kvlab.lab import DataError, make_prompt, read_texts
 from kvlab.tokenizer import load_tokenizer
 
 from helpers import course_config, random_model, snakemake, snakemake_cmd
@@ -146,31 +146,31 @@ def write_lines(path, lines, bom=False):
 def test_malformed_line_names_file_and_line(tmp_path):
     path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}', '{"text": "둘"', '{"text": "셋"}'])
     with pytest.raises(DataError, match=r"val\.jsonl:2: not a JSON object"):
-        read_val_texts(path, 3)
+        read_texts(path, 3)
 
 
 def test_line_without_text(tmp_path):
     path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}', '{"content": "둘"}'])
     with pytest.raises(DataError, match=r'val\.jsonl:2: expected an object with a string "text" field'):
-        read_val_texts(path, 2)
+        read_texts(path, 2)
 
 
 def test_fewer_documents_than_n_docs(tmp_path):
     path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}'])
     with pytest.raises(DataError, match=r"val\.jsonl: has 1 documents, the lab needs n_docs=6"):
-        read_val_texts(path, 6)
+        read_texts(path, 6)
 
 
 def test_empty_file(tmp_path):
     path = tmp_path / "val.jsonl"
     path.write_text("")
     with pytest.raises(DataError, match="has 0 documents"):
-        read_val_texts(path, 1)
+        read_texts(path, 1)
 
 
 def test_bom_and_blank_lines_are_accepted(tmp_path):
     path = write_lines(tmp_path / "val.jsonl", ['{"text": "하나"}', "", "   ", '{"text": "둘"}'], bom=True)
-    assert read_val_texts(path, 2) == ["하나", "둘"]
+    assert read_texts(path, 2) == ["하나", "둘"]
 
 
 def test_fewer_tokens_than_cut_tokens(tokenizer_dir):

@@ -14,7 +14,7 @@ import torch
 from kvlab import check, curves, lab
 from kvlab.capacity import GIB, capacity_rows, vllm_line
 from kvlab.model import MiniMindConfig
-from kvlab.report import fed_formulas
+from kvlab.lab import fed_formulas
 
 from helpers import SMALL_LAB, TINY_ARCH, course_config, random_model, snakemake
 

@@ -5,7 +5,7 @@ import torch
 
 from kvlab.lab import GREEDY, counting_forward
 from kvlab.model import kv_cache_bytes, repeat_kv
-from kvlab.report import fed_formulas
+from kvlab.lab import fed_formulas
 
 from helpers import random_model
 

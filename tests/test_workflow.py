@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from kvlab.report import fed_formulas
+from kvlab.lab import fed_formulas
 from kvlab.tokenizer import load_tokenizer
 
 from helpers import course_config, snakemake
