@@ -17,10 +17,10 @@ include: "rules/extras.smk"
 
 
 rule all:
+    default_target: True
     input:
         LAB_RESULTS,
         "results/report.md",
         EXTRA_RESULTS,
         FIGURES.values(),
         "results/check.json",
-    default_target: True

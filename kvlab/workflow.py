@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from kvlab.checkpoint import CheckpointError, load_model
-from kvlab.lab import DataError, resolve_device, resolve_dtype
-from kvlab.tokenizer import TokenizerError, load_tokenizer
+from kvlab.engine.checkpoint import CheckpointError, load_model
+from kvlab.engine.data import DataError
+from kvlab.engine.device import resolve_device, resolve_dtype
+from kvlab.engine.tokenizer import TokenizerError, load_tokenizer
 
 # Errors whose message already says what is wrong and where: shown as one line, no traceback.
 USER_ERRORS = (CheckpointError, TokenizerError, DataError, ValueError, FileNotFoundError)

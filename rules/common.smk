@@ -10,7 +10,9 @@ try:
     validate(config, schema="../schemas/config.schema.yaml")
 except WorkflowError:
     # Snakemake's message is a page of schema dump; say in one line which key is wrong and why.
-    raise WorkflowError(config_error(config, workflow.source_path("../schemas/config.schema.yaml"))) from None
+    raise WorkflowError(
+        config_error(config, workflow.source_path("../schemas/config.schema.yaml"))
+    ) from None
 
 # Where each input comes from when its config key is null: the embedded default's rules.
 DEFAULT_INPUTS = {
@@ -20,7 +22,10 @@ DEFAULT_INPUTS = {
     "val_data": "results/default/corpus/pretrain_val.jsonl",
 }
 
-LAB_RESULTS = [f"results/{name}.json" for name in ("same", "count", "time", "kvbytes", "temp", "topp")]
+LAB_RESULTS = [
+    f"results/{name}.json"
+    for name in ("same", "count", "time", "kvbytes", "temp", "topp")
+]
 
 
 def _configured_path(key):
@@ -28,7 +33,9 @@ def _configured_path(key):
     path = Path(config[key]).expanduser()
     if key == "tokenizer":
         if not (path / "tokenizer.json").is_file():
-            raise WorkflowError(f"config key 'tokenizer': {path} is not a folder with a tokenizer.json")
+            raise WorkflowError(
+                f"config key 'tokenizer': {path} is not a folder with a tokenizer.json"
+            )
     elif not path.is_file():
         raise WorkflowError(f"config key '{key}': file not found: {path}")
     return str(path)
@@ -50,4 +57,8 @@ def tokenizer_inputs(wildcards=None):
 
 def model_params():
     """The params every job that loads a checkpoint passes on."""
-    return dict(device=config["device"], dtype=config["dtype"], overrides=config["model_overrides"])
+    return dict(
+        device=config["device"],
+        dtype=config["dtype"],
+        overrides=config["model_overrides"],
+    )

@@ -15,16 +15,16 @@ rule corpus:
         train=f"{DEFAULT_MODEL_DIR}/corpus/pretrain_train.jsonl",
         val=f"{DEFAULT_MODEL_DIR}/corpus/pretrain_val.jsonl",
         sft=f"{DEFAULT_MODEL_DIR}/corpus/sft.jsonl",
-    params:
-        seed=DEFAULT_MODEL["seed"],
-        train_docs=DEFAULT_MODEL["corpus"]["train_docs"],
-        val_docs=DEFAULT_MODEL["corpus"]["val_docs"],
-        sft_examples=DEFAULT_MODEL["corpus"]["sft_examples"],
     log:
         "results/logs/corpus.log",
     benchmark:
         "results/benchmarks/corpus.tsv"
     threads: 1
+    params:
+        seed=DEFAULT_MODEL["seed"],
+        train_docs=DEFAULT_MODEL["corpus"]["train_docs"],
+        val_docs=DEFAULT_MODEL["corpus"]["val_docs"],
+        sft_examples=DEFAULT_MODEL["corpus"]["sft_examples"],
     script:
         "../scripts/build_corpus.py"
 
@@ -36,13 +36,13 @@ rule tokenizer:
     output:
         tokenizer=f"{DEFAULT_MODEL_DIR}/tokenizer/tokenizer.json",
         tokenizer_config=f"{DEFAULT_MODEL_DIR}/tokenizer/tokenizer_config.json",
-    params:
-        vocab_size=DEFAULT_MODEL["tokenizer"]["vocab_size"],
     log:
         "results/logs/tokenizer.log",
     benchmark:
         "results/benchmarks/tokenizer.tsv"
     threads: 1
+    params:
+        vocab_size=DEFAULT_MODEL["tokenizer"]["vocab_size"],
     script:
         "../scripts/train_tokenizer.py"
 
@@ -56,6 +56,11 @@ rule pretrain:
     output:
         model=f"{DEFAULT_MODEL_DIR}/pretrain.pth",
         metrics=f"{DEFAULT_MODEL_DIR}/pretrain_metrics.json",
+    log:
+        "results/logs/pretrain.log",
+    benchmark:
+        "results/benchmarks/pretrain.tsv"
+    threads: 1
     params:
         seed=DEFAULT_MODEL["seed"],
         model=DEFAULT_MODEL["model"],
@@ -63,11 +68,6 @@ rule pretrain:
         batch_size=DEFAULT_MODEL["pretrain"]["batch_size"],
         seq_len=DEFAULT_MODEL["pretrain"]["seq_len"],
         lr=DEFAULT_MODEL["pretrain"]["lr"],
-    log:
-        "results/logs/pretrain.log",
-    benchmark:
-        "results/benchmarks/pretrain.tsv"
-    threads: 1
     script:
         "../scripts/pretrain.py"
 
@@ -81,16 +81,16 @@ rule sft:
     output:
         model=f"{DEFAULT_MODEL_DIR}/sft.pth",
         metrics=f"{DEFAULT_MODEL_DIR}/sft_metrics.json",
+    log:
+        "results/logs/sft.log",
+    benchmark:
+        "results/benchmarks/sft.tsv"
+    threads: 1
     params:
         seed=DEFAULT_MODEL["seed"],
         steps=DEFAULT_MODEL["sft"]["steps"],
         batch_size=DEFAULT_MODEL["sft"]["batch_size"],
         seq_len=DEFAULT_MODEL["sft"]["seq_len"],
         lr=DEFAULT_MODEL["sft"]["lr"],
-    log:
-        "results/logs/sft.log",
-    benchmark:
-        "results/benchmarks/sft.tsv"
-    threads: 1
     script:
         "../scripts/sft.py"

@@ -1,7 +1,7 @@
 # Beyond the lab sheet: the lab's measurements as curves, the cache as serving capacity,
 # the report's figures, and a self-check of a results folder. Knobs: config["extras"].
 
-from kvlab.check import LAB_FILES
+from kvlab.lab.check import LAB_FILES
 
 EXTRAS = config["extras"]
 
@@ -18,7 +18,7 @@ FIGURES = {
     "topp_survivors": "results/figures/topp_survivors.png",
     "temperature_effect": "results/figures/temperature_effect.png",
 }
-# `check` grades kvlab.check.LAB_FILES in the folder extras.check.results_dir names:
+# `check` grades kvlab.lab.check.LAB_FILES in the folder extras.check.results_dir names:
 # a student's is read as it is; the default, "results", makes it wait for this build.
 CHECKED_FOLDER = Path(EXTRAS["check"]["results_dir"]).expanduser()
 
@@ -34,19 +34,19 @@ rule sweep:
             category="Beyond the lab",
             subcategory="Cost curves",
         ),
-    params:
-        new_tokens=EXTRAS["sweep"]["new_tokens"],
-        warmup=EXTRAS["sweep"]["warmup"],
-        repeats=EXTRAS["sweep"]["repeats"],
-        long_from=EXTRAS["sweep"]["long_from"],
-        long_repeats=EXTRAS["sweep"]["long_repeats"],
-        **model_params(),
     log:
         "results/logs/sweep.log",
     benchmark:
         "results/benchmarks/sweep.tsv"
     # The clock must not share the CPU with other jobs: take every core.
     threads: lambda wildcards: workflow.cores
+    params:
+        **model_params(),
+        new_tokens=EXTRAS["sweep"]["new_tokens"],
+        warmup=EXTRAS["sweep"]["warmup"],
+        repeats=EXTRAS["sweep"]["repeats"],
+        long_from=EXTRAS["sweep"]["long_from"],
+        long_repeats=EXTRAS["sweep"]["long_repeats"],
     script:
         "../scripts/sweep.py"
 
@@ -62,17 +62,17 @@ rule latency:
             category="Beyond the lab",
             subcategory="Latency split",
         ),
-    params:
-        # the lab's timed generation (step 3), so the prediction compares with time.json
-        new_tokens=config["lab"]["time"]["new_tokens"],
-        warmup=EXTRAS["latency"]["warmup"],
-        repeats=EXTRAS["latency"]["repeats"],
-        **model_params(),
     log:
         "results/logs/latency.log",
     benchmark:
         "results/benchmarks/latency.tsv"
     threads: lambda wildcards: workflow.cores
+    params:
+        **model_params(),
+        # the lab's timed generation (step 3), so the prediction compares with time.json
+        new_tokens=config["lab"]["time"]["new_tokens"],
+        warmup=EXTRAS["latency"]["warmup"],
+        repeats=EXTRAS["latency"]["repeats"],
     script:
         "../scripts/latency.py"
 
@@ -87,19 +87,19 @@ rule kv_capacity:
             category="Beyond the lab",
             subcategory="KV capacity",
         ),
+    log:
+        "results/logs/kv_capacity.log",
+    benchmark:
+        "results/benchmarks/kv_capacity.tsv"
+    threads: 1
     params:
+        **model_params(),
         architectures=EXTRAS["capacity"]["architectures"],
         dtypes=EXTRAS["capacity"]["dtypes"],
         contexts=EXTRAS["capacity"]["contexts"],
         budgets_gib=EXTRAS["capacity"]["budgets_gib"],
         tokens=EXTRAS["capacity"]["measure_tokens"],
         seed=config["lab"]["kvbytes"]["seed"],
-        **model_params(),
-    log:
-        "results/logs/kv_capacity.log",
-    benchmark:
-        "results/benchmarks/kv_capacity.tsv"
-    threads: 1
     script:
         "../scripts/kv_capacity.py"
 
@@ -115,17 +115,17 @@ rule topp_curve:
             category="Beyond the lab",
             subcategory="Top-p curve",
         ),
-    params:
-        prefix=config["lab"]["topp"]["prefix"],
-        sharp_prefix=config["lab"]["topp"]["sharp_prefix"],
-        lab_ps=config["lab"]["topp"]["ps"],
-        step=EXTRAS["topp_curve"]["step"],
-        **model_params(),
     log:
         "results/logs/topp_curve.log",
     benchmark:
         "results/benchmarks/topp_curve.tsv"
     threads: 1
+    params:
+        **model_params(),
+        prefix=config["lab"]["topp"]["prefix"],
+        sharp_prefix=config["lab"]["topp"]["sharp_prefix"],
+        lab_ps=config["lab"]["topp"]["ps"],
+        step=EXTRAS["topp_curve"]["step"],
     script:
         "../scripts/topp_curve.py"
 
@@ -142,7 +142,13 @@ rule temp_curve:
             subcategory="Temperature curve",
         ),
         answers="results/temp_curve_answers.json",
+    log:
+        "results/logs/temp_curve.log",
+    benchmark:
+        "results/benchmarks/temp_curve.tsv"
+    threads: 1
     params:
+        **model_params(),
         question=config["lab"]["temp"]["question"],
         samples=config["lab"]["temp"]["samples"],
         max_new_tokens=config["lab"]["temp"]["max_new_tokens"],
@@ -150,12 +156,6 @@ rule temp_curve:
         t_min=EXTRAS["temp_curve"]["min"],
         t_max=EXTRAS["temp_curve"]["max"],
         t_step=EXTRAS["temp_curve"]["step"],
-        **model_params(),
-    log:
-        "results/logs/temp_curve.log",
-    benchmark:
-        "results/benchmarks/temp_curve.tsv"
-    threads: 1
     script:
         "../scripts/temp_curve.py"
 
@@ -173,11 +173,11 @@ rule figure_cost_curves:
             category="Beyond the lab",
             subcategory="Cost curves",
         ),
-    params:
-        kind="cost_curves",
     log:
         "results/logs/figure_cost_curves.log",
     threads: 1
+    params:
+        kind="cost_curves",
     script:
         "../scripts/figure.py"
 
@@ -192,11 +192,11 @@ rule figure_step_times:
             category="Beyond the lab",
             subcategory="Latency split",
         ),
-    params:
-        kind="step_times",
     log:
         "results/logs/figure_step_times.log",
     threads: 1
+    params:
+        kind="step_times",
     script:
         "../scripts/figure.py"
 
@@ -211,11 +211,11 @@ rule figure_topp_survivors:
             category="Beyond the lab",
             subcategory="Top-p curve",
         ),
-    params:
-        kind="topp_survivors",
     log:
         "results/logs/figure_topp_survivors.log",
     threads: 1
+    params:
+        kind="topp_survivors",
     script:
         "../scripts/figure.py"
 
@@ -230,11 +230,11 @@ rule figure_temperature_effect:
             category="Beyond the lab",
             subcategory="Temperature curve",
         ),
-    params:
-        kind="temperature_effect",
     log:
         "results/logs/figure_temperature_effect.log",
     threads: 1
+    params:
+        kind="temperature_effect",
     script:
         "../scripts/figure.py"
 
@@ -244,14 +244,14 @@ rule check:
         checked=[str(CHECKED_FOLDER / name) for name in LAB_FILES],
     output:
         check="results/check.json",
+    log:
+        table="results/logs/check.log",
+        verdicts="results/logs/check.json",
+    threads: 1
     params:
         results_dir=lambda wildcards, input: str(Path(input.checked[0]).parent),
         temperatures=config["lab"]["temp"]["temperatures"],
         samples=config["lab"]["temp"]["samples"],
         ps=config["lab"]["topp"]["ps"],
-    log:
-        table="results/logs/check.log",
-        verdicts="results/logs/check.json",
-    threads: 1
     script:
         "../scripts/check.py"

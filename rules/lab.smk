@@ -7,12 +7,12 @@ rule prompt:
         val_data=input_path("val_data"),
     output:
         prompt="results/prompt.json",
-    params:
-        n_docs=config["lab"]["prompt"]["n_docs"],
-        cut_tokens=config["lab"]["prompt"]["cut_tokens"],
     log:
         "results/logs/prompt.log",
     threads: 1
+    params:
+        n_docs=config["lab"]["prompt"]["n_docs"],
+        cut_tokens=config["lab"]["prompt"]["cut_tokens"],
     script:
         "../scripts/prompt.py"
 
@@ -32,12 +32,12 @@ rule same:
             caption="../report/count.rst",
             category="Lab sheet",
         ),
-    params:
-        new_tokens=config["lab"]["same"]["new_tokens"],
-        **model_params(),
     log:
         "results/logs/same.log",
     threads: 1
+    params:
+        **model_params(),
+        new_tokens=config["lab"]["same"]["new_tokens"],
     script:
         "../scripts/same.py"
 
@@ -53,17 +53,17 @@ rule timing:
             category="Lab sheet",
         ),
         runs="results/time_runs.json",
-    params:
-        new_tokens=config["lab"]["time"]["new_tokens"],
-        warmup=config["lab"]["time"]["warmup"],
-        repeats=config["lab"]["time"]["repeats"],
-        **model_params(),
     log:
         "results/logs/timing.log",
     benchmark:
         "results/benchmarks/timing.tsv"
     # The clock must not share the CPU with other jobs: take every core.
     threads: lambda wildcards: workflow.cores
+    params:
+        **model_params(),
+        new_tokens=config["lab"]["time"]["new_tokens"],
+        warmup=config["lab"]["time"]["warmup"],
+        repeats=config["lab"]["time"]["repeats"],
     script:
         "../scripts/timing.py"
 
@@ -77,13 +77,13 @@ rule kvbytes:
             caption="../report/kvbytes.rst",
             category="Lab sheet",
         ),
-    params:
-        tokens=config["lab"]["kvbytes"]["tokens"],
-        seed=config["lab"]["kvbytes"]["seed"],
-        **model_params(),
     log:
         "results/logs/kvbytes.log",
     threads: 1
+    params:
+        **model_params(),
+        tokens=config["lab"]["kvbytes"]["tokens"],
+        seed=config["lab"]["kvbytes"]["seed"],
     script:
         "../scripts/kvbytes.py"
 
@@ -99,16 +99,16 @@ rule temp:
             category="Lab sheet",
         ),
         answers="results/temp_answers.json",
+    log:
+        "results/logs/temp.log",
+    threads: 1
     params:
+        **model_params(),
         question=config["lab"]["temp"]["question"],
         temperatures=config["lab"]["temp"]["temperatures"],
         samples=config["lab"]["temp"]["samples"],
         max_new_tokens=config["lab"]["temp"]["max_new_tokens"],
         seed=config["lab"]["temp"]["seed"],
-        **model_params(),
-    log:
-        "results/logs/temp.log",
-    threads: 1
     script:
         "../scripts/temp.py"
 
@@ -124,13 +124,13 @@ rule topp:
             category="Lab sheet",
         ),
         sharp="results/topp_sharp.json",
-    params:
-        prefix=config["lab"]["topp"]["prefix"],
-        sharp_prefix=config["lab"]["topp"]["sharp_prefix"],
-        ps=config["lab"]["topp"]["ps"],
-        **model_params(),
     log:
         "results/logs/topp.log",
     threads: 1
+    params:
+        **model_params(),
+        prefix=config["lab"]["topp"]["prefix"],
+        sharp_prefix=config["lab"]["topp"]["sharp_prefix"],
+        ps=config["lab"]["topp"]["ps"],
     script:
         "../scripts/topp.py"

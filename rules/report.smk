@@ -28,10 +28,10 @@ rule report:
         report=report(
             "results/report.md", caption="../report/report.rst", category="Lab report"
         ),
-    params:
-        language=config["report"]["language"],
     log:
         "results/logs/report.log",
     threads: 1
+    params:
+        language=config["report"]["language"],
     script:
         "../scripts/report.py"

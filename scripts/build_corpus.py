@@ -1,6 +1,6 @@
 """Rule corpus: write the generated Korean corpus (pretraining train/val and SFT chat) as jsonl."""
 
-from kvlab.corpus import write_corpus
+from kvlab.default_model.corpus import write_corpus
 from kvlab.workflow import log, run
 
 

@@ -9,7 +9,7 @@ Prints the figures as JSON and exits 1 when a bar fails:
   * at temperature 1.5, at least 20 of 30 sampled answers are distinct;
   * pretrained model, next token after [bos] + "민수는": top-p 0.9 keeps more than 10 tokens;
   * after [bos] + "가람 마을의 특산물은": top-p 0.9 keeps at most 3.
-Sampling follows the lab exactly (kvlab.lab): torch.manual_seed(seed) before each temperature.
+Sampling follows the lab exactly (kvlab.lab.steps): torch.manual_seed(seed) before each temperature.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from kvlab import lab  # noqa: E402
-from kvlab.checkpoint import load_model  # noqa: E402
-from kvlab.corpus import LAB_QUESTION, VILLAGE_BY_NAME  # noqa: E402
-from kvlab.tokenizer import load_tokenizer  # noqa: E402
+from kvlab.lab import steps  # noqa: E402
+from kvlab.engine.checkpoint import load_model  # noqa: E402
+from kvlab.default_model.corpus import LAB_QUESTION, VILLAGE_BY_NAME  # noqa: E402
+from kvlab.engine.tokenizer import load_tokenizer  # noqa: E402
 
 BARS = {"named_at_0.3": 24, "distinct_at_1.5": 20, "broad_topp_0.9_more_than": 10, "sharp_topp_0.9_at_most": 3}
 
@@ -38,15 +38,15 @@ def measure(pretrain, sft_model, tokenizer, question: str, expect: str, broad_pr
     prompt_ids = tokenizer.encode(chat)
     out = sft_model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
                              top_k=0, top_p=1.0, eos_token_id=tokenizer.eos_id)
-    greedy = lab.answer_text(tokenizer, out[0, len(prompt_ids):].tolist())
-    _, side = lab.temperature_answers(sft_model, tokenizer, question, [0.3, 1.0, 1.5], samples, max_new_tokens,
+    greedy = steps.answer_text(tokenizer, out[0, len(prompt_ids):].tolist())
+    _, side = steps.temperature_answers(sft_model, tokenizer, question, [0.3, 1.0, 1.5], samples, max_new_tokens,
                                       seed, device)
     answers = side["answers"]
     ps = [0.5, 0.9, 0.99]
-    broad = lab.top_p_survivors(lab.next_token_logits(pretrain, tokenizer, broad_prefix, device), ps)
-    sharp = lab.top_p_survivors(lab.next_token_logits(pretrain, tokenizer, sharp_prefix, device), ps)
-    sharp_sft = lab.top_p_survivors(lab.next_token_logits(sft_model, tokenizer, sharp_prefix, device), ps)
-    broad_sft = lab.top_p_survivors(lab.next_token_logits(sft_model, tokenizer, broad_prefix, device), ps)
+    broad = steps.top_p_survivors(steps.next_token_logits(pretrain, tokenizer, broad_prefix, device), ps)
+    sharp = steps.top_p_survivors(steps.next_token_logits(pretrain, tokenizer, sharp_prefix, device), ps)
+    sharp_sft = steps.top_p_survivors(steps.next_token_logits(sft_model, tokenizer, sharp_prefix, device), ps)
+    broad_sft = steps.top_p_survivors(steps.next_token_logits(sft_model, tokenizer, broad_prefix, device), ps)
     figures = {
         "question": question,
         "expected_specialty": expect,

@@ -1,5 +1,5 @@
 """Draw one of the report's figures from the rows a rule wrote (which one: params.kind)."""
-from kvlab import figures
+from kvlab.lab import figures
 from kvlab.io import read_csv_rows, read_json
 from kvlab.workflow import run
 

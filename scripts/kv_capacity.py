@@ -1,5 +1,5 @@
 """KV capacity: bytes per token (formula and measured) and requests per memory budget."""
-from kvlab.capacity import kv_capacity
+from kvlab.lab.capacity import kv_capacity
 from kvlab.io import write_csv_atomic
 from kvlab.workflow import load_model_input, log, run
 

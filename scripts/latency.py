@@ -1,5 +1,5 @@
 """Latency split: every forward call of the lab's timed generation, both modes; TTFT, TPOT, a fit."""
-from kvlab.curves import step_latency
+from kvlab.lab.curves import step_latency
 from kvlab.io import read_json, write_json_atomic
 from kvlab.workflow import load_model_input, log, run
 

@@ -1,8 +1,8 @@
 """Rule pretrain: train the embedded default MiniMind from scratch on the generated documents."""
-from kvlab.checkpoint import save_checkpoint
+from kvlab.engine.checkpoint import save_checkpoint
 from kvlab.io import write_json_atomic
-from kvlab.lab import read_texts
-from kvlab.train import build_model, pretrain
+from kvlab.engine.data import read_texts
+from kvlab.default_model.train import build_model, pretrain
 from kvlab.workflow import load_tokenizer_input, log, run
 
 

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from kvlab.io import write_text_atomic
-from kvlab.report import render_report
+from kvlab.lab.report import render_report
 from kvlab.workflow import run
 
 

@@ -1,6 +1,6 @@
 """Steps 1-2: greedy with and without the cache; same tokens? how many tokens fed?"""
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab import greedy_with_and_without_cache
+from kvlab.lab.steps import greedy_with_and_without_cache
 from kvlab.workflow import load_model_input, log, run
 
 

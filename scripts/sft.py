@@ -1,9 +1,9 @@
 """Rule sft: fine-tune the pretrained default model on the generated chat examples."""
 import json
 
-from kvlab.checkpoint import load_model, save_checkpoint
+from kvlab.engine.checkpoint import load_model, save_checkpoint
 from kvlab.io import write_json_atomic
-from kvlab.train import sft
+from kvlab.default_model.train import sft
 from kvlab.workflow import load_tokenizer_input, log, run
 
 

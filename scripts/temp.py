@@ -1,6 +1,6 @@
 """Step 5: distinct SFT answers at each temperature."""
 from kvlab.io import write_json_atomic
-from kvlab.lab import temperature_answers
+from kvlab.lab.steps import temperature_answers
 from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
 
 

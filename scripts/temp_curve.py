@@ -1,5 +1,5 @@
 """Temperature curve: distinct SFT answers and mean sampled entropy for a grid of temperatures."""
-from kvlab.curves import grid, temperature_curve
+from kvlab.lab.curves import grid, temperature_curve
 from kvlab.io import write_csv_atomic, write_json_atomic
 from kvlab.workflow import load_model_input, load_tokenizer_input, run
 

@@ -1,6 +1,6 @@
 """Step 6: survivors of MiniMind's top-p rule after a flat prefix, and after a sharp one."""
 from kvlab.io import write_json_atomic
-from kvlab.lab import next_token_logits, top_p_survivors
+from kvlab.lab.steps import next_token_logits, top_p_survivors
 from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
 
 

@@ -1,5 +1,5 @@
 """Top-p curve: survivors of MiniMind's top-p rule for a grid of p, after both prefixes."""
-from kvlab.curves import grid, topp_curve
+from kvlab.lab.curves import grid, topp_curve
 from kvlab.io import write_csv_atomic
 from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
 

@@ -6,7 +6,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from pathlib import Path  # noqa: E402
 
-from kvlab.bpe import train_tokenizer  # noqa: E402
+from kvlab.default_model.bpe import train_tokenizer  # noqa: E402
 from kvlab.workflow import log, run  # noqa: E402
 
 

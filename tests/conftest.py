@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from kvlab.bpe import train_tokenizer
-from kvlab.checkpoint import save_checkpoint
-from kvlab.tokenizer import load_tokenizer
+from kvlab.default_model.bpe import train_tokenizer
+from kvlab.engine.checkpoint import save_checkpoint
+from kvlab.engine.tokenizer import load_tokenizer
 
 from helpers import random_model
 
@@ -19,7 +19,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
-    """A small byte-level BPE folder trained by kvlab.bpe, with a ChatML template."""
+    """A small byte-level BPE folder trained by kvlab.default_model.bpe, with a ChatML template."""
     folder = tmp_path_factory.mktemp("tok")
     corpus = folder / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": s}, ensure_ascii=False) + "\n" for s in SENTENCES * 20), encoding="utf-8")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from kvlab.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
 
 LAB_ARCH = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 

@@ -1,4 +1,4 @@
-"""kvlab.bpe: MiniMind's special ids, a ChatML folder, lossless Korean, byte-identical retraining."""
+"""kvlab.default_model.bpe: MiniMind's special ids, a ChatML folder, lossless Korean, byte-identical retraining."""
 import json
 import subprocess
 import sys
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvlab.bpe import CHAT_TEMPLATE, train_tokenizer
-from kvlab.corpus import write_corpus
-from kvlab.tokenizer import load_tokenizer
+from kvlab.default_model.bpe import CHAT_TEMPLATE, train_tokenizer
+from kvlab.default_model.corpus import write_corpus
+from kvlab.engine.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_two_trainings_are_byte_identical(corpus, trained, tmp_path):
     """Retrained in a fresh process (its own hash seeds and thread pool): the same bytes."""
     first, _ = trained
     code = (
-        "import sys; from kvlab.bpe import train_tokenizer; "
+        "import sys; from kvlab.default_model.bpe import train_tokenizer; "
         "train_tokenizer(sys.argv[1:3], 1024, sys.argv[3])"
     )
     subprocess.run([sys.executable, "-c", code, str(corpus["pretrain_train"]), str(corpus["sft"]), str(tmp_path)],

@@ -4,8 +4,8 @@ import pickle
 import pytest
 import torch
 
-from kvlab.checkpoint import CheckpointError, infer_config, load_model, save_checkpoint
-from kvlab.lab import GREEDY
+from kvlab.engine.checkpoint import CheckpointError, infer_config, load_model, save_checkpoint
+from kvlab.lab.steps import GREEDY
 
 from helpers import random_model
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from kvlab.corpus import (
+from kvlab.default_model.corpus import (
     LAB_QUESTION,
     PEOPLE,
     PERSON_BY_NAME,

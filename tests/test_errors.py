@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
-from kvlab.checkpoint import CheckpointError, load_model, save_checkpoint
+from kvlab.engine.checkpoint import CheckpointError, load_model, save_checkpoint
 from kvlab.io import write_json_atomic
-from kvlab.lab import DataError, make_prompt, read_texts
-from kvlab.tokenizer import load_tokenizer
+from kvlab.engine.data import DataError, read_texts
+from kvlab.lab.prompt import make_prompt
+from kvlab.engine.tokenizer import load_tokenizer
 
 from helpers import course_config, random_model, snakemake, snakemake_cmd
 

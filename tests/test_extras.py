@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kvlab import check, curves, lab
-from kvlab.capacity import GIB, capacity_rows, vllm_line
-from kvlab.model import MiniMindConfig
-from kvlab.lab import fed_formulas
+from kvlab.lab import check, curves, steps
+from kvlab.lab.capacity import GIB, capacity_rows, vllm_line
+from kvlab.engine.model import MiniMindConfig
+from kvlab.lab.formulas import fed_formulas
 
 from helpers import SMALL_LAB, TINY_ARCH, course_config, random_model, snakemake
 
@@ -214,11 +214,11 @@ def test_fit_recovers_a_line():
 def test_recording_forward_records_lengths_and_times_and_counting_forward_still_counts():
     model = random_model(0)
     prompt = torch.tensor([[1, 5, 6, 7]])
-    with lab.recording_forward(model) as calls:
-        model.generate(prompt, max_new_tokens=3, use_cache=True, **lab.GREEDY)
+    with steps.recording_forward(model) as calls:
+        model.generate(prompt, max_new_tokens=3, use_cache=True, **steps.GREEDY)
     assert calls.fed_lengths == [4, 1, 1] and len(calls.seconds) == 3 and min(calls.seconds) > 0
-    with lab.counting_forward(model) as lengths:
-        model.generate(prompt, max_new_tokens=3, use_cache=False, **lab.GREEDY)
+    with steps.counting_forward(model) as lengths:
+        model.generate(prompt, max_new_tokens=3, use_cache=False, **steps.GREEDY)
     assert lengths == [4, 5, 6]
     assert "forward" not in vars(model)  # the wrapper is gone
 
@@ -227,7 +227,7 @@ def test_sampled_entropy_matches_a_direct_computation():
     model = random_model(0)
     prompt = torch.tensor([[1, 5, 6, 7]])
     entropy = curves.SampledEntropy(0.7, eos_id=None)
-    with lab.recording_forward(model, observe=entropy):
+    with steps.recording_forward(model, observe=entropy):
         torch.manual_seed(0)
         out = model.generate(prompt, max_new_tokens=3, temperature=0.7, do_sample=True, top_k=0, top_p=1.0,
                              num_return_sequences=2, eos_token_id=None)

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from kvlab import sampling
-from kvlab.sampling import top_p_keep
+from kvlab.engine import sampling
+from kvlab.engine.sampling import top_p_keep
 
 
 def brute_force_survivors(probs: list[float], p: float) -> int:

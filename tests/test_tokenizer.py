@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from kvlab.tokenizer import TokenizerError, load_tokenizer
+from kvlab.engine.tokenizer import TokenizerError, load_tokenizer
 
 # A template in the style of MiniMind-3's tokenizer_config.json: namespace, reversed loops,
 # `is string`, string methods, tojson, and an empty <think> block after the generation prompt.

@@ -1,14 +1,14 @@
-"""kvlab.train: seeded init, packing, the assistant-only SFT mask, and losses that go down."""
+"""kvlab.default_model.train: seeded init, packing, the assistant-only SFT mask, and losses that go down."""
 import io
 import re
 
 import pytest
 import torch
 
-from kvlab.bpe import train_tokenizer
-from kvlab.corpus import make_corpus, write_corpus
-from kvlab.tokenizer import load_tokenizer
-from kvlab.train import (
+from kvlab.default_model.bpe import train_tokenizer
+from kvlab.default_model.corpus import make_corpus, write_corpus
+from kvlab.engine.tokenizer import load_tokenizer
+from kvlab.default_model.train import (
     IGNORE,
     assistant_labels,
     build_model,

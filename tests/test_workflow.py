@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from kvlab.lab import fed_formulas
-from kvlab.tokenizer import load_tokenizer
+from kvlab.lab.formulas import fed_formulas
+from kvlab.engine.tokenizer import load_tokenizer
 
 from helpers import course_config, snakemake
 

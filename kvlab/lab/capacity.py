@@ -1,7 +1,7 @@
 """How many requests' KV caches fit in a memory budget: the lab's step 4 turned into serving capacity.
 
-Bytes per token come from the lab's formula (kvlab.lab.kv_formula_bytes) and from a
-cache actually measured (kvlab.lab.measure_kv_bytes) for each architecture and dtype.
+Bytes per token come from the lab's formula (kvlab.lab.steps.kv_formula_bytes) and from a
+cache actually measured (kvlab.lab.steps.measure_kv_bytes) for each architecture and dtype.
 The budget is memory for the cache alone; a server such as vLLM first takes the
 weights and activations off the card's memory, and allocates the cache in blocks.
 """
@@ -13,8 +13,9 @@ import math
 
 import torch
 
-from kvlab import lab
-from kvlab.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.device import resolve_dtype
+from kvlab.lab import steps
+from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
 
 log = logging.getLogger("kvlab")
 
@@ -42,10 +43,10 @@ def bytes_per_token(model: MiniMindForCausalLM, dtype: torch.dtype, tokens: int,
     """The cache's bytes per token of `model` cast to `dtype`: the formula, and a cache measured
     after feeding `tokens` random ids (divided by `tokens`)."""
     model = model.to(device=device, dtype=dtype)
-    measured = lab.measure_kv_bytes(model, tokens, seed, device)
+    measured = steps.measure_kv_bytes(model, tokens, seed, device)
     element = torch.empty((), dtype=dtype).element_size()
     return {
-        "formula": lab.kv_formula_bytes(model, 1, element),
+        "formula": steps.kv_formula_bytes(model, 1, element),
         "measured": measured["measured_bytes"] / tokens,
         "measured_tokens": tokens,
         "bytes_per_element": element,
@@ -87,7 +88,7 @@ def kv_capacity(lab_model: MiniMindForCausalLM, architectures, dtypes, contexts,
     rows = []
     for name, model in models:
         for dtype_name in dtypes:
-            per_token = bytes_per_token(model, lab.resolve_dtype(dtype_name), tokens, seed, device)
+            per_token = bytes_per_token(model, resolve_dtype(dtype_name), tokens, seed, device)
             log.info("%s %s: %s bytes per token by the formula, %s measured", name, dtype_name,
                      per_token["formula"], per_token["measured"])
             rows += capacity_rows(name, model.config, dtype_name, per_token, contexts, budgets_gib)

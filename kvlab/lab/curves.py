@@ -1,6 +1,6 @@
 """Beyond the lab sheet: the lab's measurements repeated over a range of a knob.
 
-Every curve calls the lab's own functions (kvlab.lab) at each point, so a curve
+Every curve calls the lab's own functions (kvlab.lab.steps) at each point, so a curve
 and the lab step it extends can never disagree about the rule they measure:
 
   * cost_sweep        steps 1-3 (fed tokens, same ids, median time) for several N;
@@ -19,11 +19,12 @@ import time
 import numpy as np
 import torch
 
-from kvlab import lab, sampling
+from kvlab.engine import sampling
+from kvlab.lab import steps
+from kvlab.lab.formulas import MODES, fed_formulas
 
 log = logging.getLogger("kvlab")
 
-MODES = lab.MODES
 
 
 def grid(start: float, stop: float, step: float) -> list[float]:
@@ -56,10 +57,10 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
     rows = []
     started = time.perf_counter()
     for index, new_tokens in enumerate(new_tokens_list, start=1):
-        same, count = lab.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
+        same, count = steps.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
         timed_runs = repeats_for(new_tokens, repeats, long_from, long_repeats)
-        timing, _ = lab.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs, device)
-        formulas = lab.fed_formulas(count["prompt_len"], new_tokens)
+        timing, _ = steps.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs, device)
+        formulas = fed_formulas(count["prompt_len"], new_tokens)
         row = {
             "new_tokens": new_tokens,
             "prompt_len": count["prompt_len"],
@@ -114,18 +115,18 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     one token each, pin the fixed cost; the no-cache steps alone span only P..P+N-1 tokens, and
     extrapolating that narrow window down to one token can even give a negative fixed cost);
     the fit then predicts both modes' total time from their fed tokens alone."""
-    prompt = lab.prompt_tensor(model, prompt_ids, new_tokens, device)
+    prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
     prompt_len = len(prompt_ids)
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "warmup": warmup, "repeats": repeats,
                     "device": str(device), "torch_threads": torch.get_num_threads()}
     for label, use_cache in MODES:
         for _ in range(warmup):
-            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **lab.GREEDY)
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
         runs, generate_s = [], []
         for repeat in range(repeats):
             start = time.perf_counter()
-            with lab.recording_forward(model) as calls:
-                model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **lab.GREEDY)
+            with steps.recording_forward(model) as calls:
+                model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
             generate_s.append(time.perf_counter() - start)
             runs.append(calls)
             log.info("%s run %d/%d: %d steps, %.4f s", label, repeat + 1, repeats, len(calls.seconds), generate_s[-1])
@@ -162,9 +163,9 @@ def topp_curve(model, tokenizer, prefix: str, sharp_prefix: str, ps, lab_ps, dev
     """Survivors of MiniMind's top-p rule at every p of `ps` and of the lab sheet's `lab_ps`
     (so the curve passes through step 6's own points), after the flat and the sharp prefix."""
     ps = sorted(set(ps) | set(lab_ps))
-    flat_logits = lab.next_token_logits(model, tokenizer, prefix, device)
-    flat = lab.top_p_survivors(flat_logits, ps)
-    sharp = lab.top_p_survivors(lab.next_token_logits(model, tokenizer, sharp_prefix, device), ps)
+    flat_logits = steps.next_token_logits(model, tokenizer, prefix, device)
+    flat = steps.top_p_survivors(flat_logits, ps)
+    sharp = steps.top_p_survivors(steps.next_token_logits(model, tokenizer, sharp_prefix, device), ps)
     return [{"p": p, "flat": flat[str(p)], "sharp": sharp[str(p)], "lab_p": p in lab_ps,
              "vocab_size": flat_logits.shape[-1]} for p in ps]
 
@@ -175,7 +176,7 @@ def topp_curve(model, tokenizer, prefix: str, sharp_prefix: str, ps, lab_ps, dev
 
 
 class SampledEntropy:
-    """An `observe` hook for `lab.recording_forward` during sampling with top_k=0, top_p=1.0:
+    """An `observe` hook for `steps.recording_forward` during sampling with top_k=0, top_p=1.0:
     the distribution a token is drawn from is softmax(logits / temperature), and this adds up
     its entropy (nats) at every step of every row that has not finished yet.
 
@@ -216,8 +217,8 @@ def temperature_curve(model, tokenizer, question: str, temperatures, samples: in
     started = time.perf_counter()
     for index, temperature in enumerate(temperatures, start=1):
         entropy = SampledEntropy(temperature, tokenizer.eos_id)
-        with lab.recording_forward(model, observe=entropy):
-            counts, side = lab.temperature_answers(model, tokenizer, question, [temperature], samples,
+        with steps.recording_forward(model, observe=entropy):
+            counts, side = steps.temperature_answers(model, tokenizer, question, [temperature], samples,
                                                    max_new_tokens, seed, device)
         key = str(temperature)
         rows.append({"temperature": temperature, "distinct": counts[key]["distinct"], "samples": samples,

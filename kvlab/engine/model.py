@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvlab import sampling
+from kvlab.engine import sampling
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -16,11 +16,11 @@ import json
 import os
 from pathlib import Path
 
-from kvlab.tokenizer import CHATML_TEMPLATE
+from kvlab.engine.tokenizer import CHATML_TEMPLATE
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-# The tokenizer writes the same ChatML template that kvlab.tokenizer falls back to.
+# The tokenizer writes the same ChatML template that kvlab.engine.tokenizer falls back to.
 CHAT_TEMPLATE = CHATML_TEMPLATE
 
 

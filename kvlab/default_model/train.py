@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvlab.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
 
 IGNORE = -100
 PAD_ID = 0  # <|endoftext|>, MiniMind's pad token; padded positions carry no loss anyway

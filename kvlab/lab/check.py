@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from kvlab.io import read_json
-from kvlab.lab import fed_formulas
+from kvlab.lab.formulas import fed_formulas
 
 REPORT_HEADINGS = ("## KV 캐시", "## 온도", "## top-p")
 # The files a results folder must hold for the check (the workflow's `check` rule takes them as input).

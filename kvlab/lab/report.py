@@ -13,7 +13,7 @@ from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
 from kvlab.io import read_csv_rows, read_json
-from kvlab.lab import fed_formulas
+from kvlab.lab.formulas import fed_formulas
 
 
 def build_context(results: dict[str, dict], language: str, answers_shown: int = 3) -> dict:

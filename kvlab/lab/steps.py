@@ -4,81 +4,19 @@ that the workflow writes as JSON. Snakemake scripts only load inputs and call th
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-
 import torch
 
-from kvlab.model import MiniMindForCausalLM, kv_cache_bytes
-from kvlab.sampling import top_p_keep
-from kvlab.tokenizer import Tokenizer
+from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
+from kvlab.engine.sampling import top_p_keep
+from kvlab.engine.tokenizer import Tokenizer
+from kvlab.lab.formulas import MODES
 
 # Greedy decoding with every knob off, as the lab sheet asks for steps 1-3.
 GREEDY = dict(do_sample=False, top_k=0, top_p=1.0, eos_token_id=None)
-# The two ways the lab generates: (label in the result files, use_cache).
-MODES = (("with_cache", True), ("without_cache", False))
-
-
-class DataError(ValueError):
-    """Validation data that cannot be used, with a one-line reason naming the file (and line)."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("config key 'device' is 'cuda' but no CUDA device is available")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
-def read_texts(path, n_docs: int | None = None) -> list[str]:
-    """The first `n_docs` texts (all when None) of a MiniMind pretrain jsonl.
-    Blank lines and a UTF-8 BOM are fine."""
-    path = Path(path)
-    texts: list[str] = []
-    with open(path, encoding="utf-8-sig") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{line_no}: not a JSON object ({err.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise DataError(f'{path}:{line_no}: expected an object with a string "text" field')
-            texts.append(record["text"])
-            if len(texts) == n_docs:
-                return texts
-    if n_docs is None and texts:
-        return texts
-    raise DataError(f"{path}: has {len(texts)} documents, the lab needs n_docs={n_docs}")
-
-
-def make_prompt(tokenizer: Tokenizer, texts: list[str], cut_tokens: int) -> dict:
-    """Join texts with single spaces, encode without special tokens, cut, put bos in front."""
-    text = " ".join(texts)
-    ids = tokenizer.encode(text)
-    if len(ids) < cut_tokens:
-        raise DataError(
-            f"the first {len(texts)} validation documents give {len(ids)} tokens, fewer than cut_tokens={cut_tokens}"
-        )
-    prompt_ids = [tokenizer.bos_id] + ids[:cut_tokens]
-    return {"ids": prompt_ids, "prompt_len": len(prompt_ids), "n_docs": len(texts), "cut_tokens": cut_tokens, "text": text}
-
-
-def fed_formulas(prompt_len: int, new_tokens: int) -> dict:
-    """Tokens fed to forward for N new tokens after a P-token prompt: P+N-1 with the cache
-    (prefill, then one a step), P*N + N(N-1)/2 without (everything so far, every step)."""
-    p, n = prompt_len, new_tokens
-    return {"with_cache": p + n - 1, "without_cache": p * n + n * (n - 1) // 2}
 
 
 @dataclass

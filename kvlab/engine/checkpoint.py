@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from kvlab.io import atomic_path
-from kvlab.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
 
 
 class CheckpointError(ValueError):
