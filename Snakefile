@@ -14,6 +14,7 @@ include: "rules/default_model.smk"
 include: "rules/lab.smk"
 include: "rules/report.smk"
 include: "rules/extras.smk"
+include: "rules/compare.smk"
 
 
 rule all:
@@ -23,4 +24,5 @@ rule all:
         "results/report.md",
         EXTRA_RESULTS,
         FIGURES.values(),
+        COMPARE_RESULTS,
         "results/check.json",

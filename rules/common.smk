@@ -5,6 +5,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from kvlab.config import config_error
+from kvlab.workflow import describe_checkpoint
 
 try:
     validate(config, schema="../schemas/config.schema.yaml")
@@ -55,10 +56,121 @@ def tokenizer_inputs(wildcards=None):
     return files
 
 
+def describe_configured_checkpoints():
+    """For each checkpoint the user gave: its layout and vocabulary, checked against the configured
+    tokenizer, and the head count of a MiniMind2 file measured when nobody stated it. Any problem
+    stops the run here, before a job starts, with one line."""
+    described = {}
+    for key in ("pretrain", "sft"):
+        if not config[key]:
+            continue
+        try:
+            described[key] = describe_checkpoint(
+                input_path(key),
+                config["model_overrides"],
+                tokenizer_dir=input_path("tokenizer") if config["tokenizer"] else None,
+                val_path=input_path("val_data") if config["val_data"] else None,
+                n_docs=config["lab"]["prompt"]["n_docs"],
+                cache_dir=".snakemake/kvlab",
+            )
+        except ValueError as err:
+            message = str(err)
+            if not message.startswith("config key"):
+                message = f"config key '{key}': {message}"
+            raise WorkflowError(message) from None
+    return described
+
+
+CONFIGURED_CHECKPOINTS = describe_configured_checkpoints()
+# Head counts measured for MiniMind2-layout files ({"pretrain": {"num_attention_heads": 8}}), and why.
+MEASURED = {
+    key: d["measured"] for key, d in CONFIGURED_CHECKPOINTS.items() if d["measured"]
+}
+HEAD_COUNTS = {
+    key: d["head_count"] for key, d in CONFIGURED_CHECKPOINTS.items() if d["head_count"]
+}
+
+
 def model_params():
     """The params every job that loads a checkpoint passes on."""
     return dict(
         device=config["device"],
         dtype=config["dtype"],
         overrides=config["model_overrides"],
+        measured=MEASURED,
+    )
+
+
+# --- the models compared side by side (rules/compare.smk) ---------------------------------------
+
+from kvlab.lab.compare import (
+    LAB_NAME,
+    CompareError,
+    check_entries,
+    parameter_estimate,
+    resources as compare_resources,
+)
+
+COMPARE_SETTINGS = config["extras"]["compare"]
+
+
+def compare_entries():
+    """The lab's model, then the configured ones, each checked before any job runs."""
+    try:
+        check_entries(
+            config["compare"],
+            COMPARE_SETTINGS["prompt_tokens"],
+            config["lab"]["prompt"]["cut_tokens"] + 1,
+        )
+    except CompareError as err:
+        raise WorkflowError(str(err)) from None
+    entries = {
+        LAB_NAME: {
+            "name": LAB_NAME,
+            "checkpoint": input_path("pretrain"),
+            "model_overrides": config["model_overrides"],
+            "measured": MEASURED.get("pretrain", {}),
+        }
+    }
+    for index, entry in enumerate(config["compare"]):
+        entry = dict(entry)
+        if "checkpoint" in entry:
+            path = Path(entry["checkpoint"]).expanduser()
+            # a file this workflow makes (results/...) may not exist yet; any other must
+            if not path.is_file() and not str(entry["checkpoint"]).startswith(
+                "results/"
+            ):
+                raise WorkflowError(
+                    f"config key 'compare[{index}]' ({entry['name']}).checkpoint: file not found: {path}"
+                )
+            entry["checkpoint"] = str(path)
+        entries[entry["name"]] = entry
+    return entries
+
+
+COMPARE_ENTRIES = compare_entries()
+COMPARE_NAMES = list(COMPARE_ENTRIES)
+COMPARE_RESULTS = ["results/compare.csv", "results/figures/compare.png"]
+
+
+def compare_inputs(wildcards):
+    entry = COMPARE_ENTRIES[wildcards.name]
+    files = {"prompt": "results/prompt.json"}
+    if "checkpoint" in entry:
+        files["checkpoint"] = entry["checkpoint"]
+    return files
+
+
+def compare_job_resources(name):
+    entry = COMPARE_ENTRIES[name]
+    path = Path(entry.get("checkpoint", ""))
+    size = path.stat().st_size if "checkpoint" in entry and path.is_file() else None
+    # a checkpoint not made yet is taken as the size of MiniMind2-small (26 M parameters)
+    parameters = parameter_estimate(entry, size) or 26_000_000
+    runs = COMPARE_SETTINGS["warmup"] + COMPARE_SETTINGS["repeats"] + 1
+    return compare_resources(
+        parameters,
+        COMPARE_SETTINGS["prompt_tokens"],
+        COMPARE_SETTINGS["new_tokens"],
+        runs,
     )

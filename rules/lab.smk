@@ -17,6 +17,24 @@ rule prompt:
         "../scripts/prompt.py"
 
 
+rule model_card:
+    input:
+        unpack(tokenizer_inputs),
+        prompt="results/prompt.json",
+        pretrain=input_path("pretrain"),
+        sft=input_path("sft"),
+    output:
+        card="results/model_card.json",
+    log:
+        "results/logs/model_card.log",
+    threads: 1
+    params:
+        **model_params(),
+        head_counts=HEAD_COUNTS,
+    script:
+        "../scripts/model_card.py"
+
+
 rule same:
     input:
         prompt="results/prompt.json",

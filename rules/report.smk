@@ -5,6 +5,7 @@ rule report:
     input:
         template=f"{workflow.basedir}/templates/report.md.j2",
         prompt="results/prompt.json",
+        model_card="results/model_card.json",
         same="results/same.json",
         fed="results/count.json",
         time="results/time.json",
@@ -24,6 +25,8 @@ rule report:
         step_times="results/figures/step_times.png",
         topp_survivors="results/figures/topp_survivors.png",
         temperature_effect="results/figures/temperature_effect.png",
+        compare="results/compare.csv",
+        compare_figure="results/figures/compare.png",
     output:
         report=report(
             "results/report.md", caption="../report/report.rst", category="Lab report"

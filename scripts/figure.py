@@ -8,6 +8,7 @@ DRAW = {
     "step_times": (figures.latency_curve, "json"),
     "topp_survivors": (figures.topp_curve, "csv"),
     "temperature_effect": (figures.temperature_curve, "csv"),
+    "compare": (figures.compare_curve, "csv"),
 }
 
 

@@ -1,14 +1,12 @@
 """Step 7: render results/report.md from the result files."""
-from pathlib import Path
-
 from kvlab.io import write_text_atomic
 from kvlab.lab.report import render_report
 from kvlab.workflow import run
 
 
 def main(snakemake):
-    # input names are the result files' stems, except count.json (`count` is reserved in Snakemake)
-    results = {Path(path).stem: path for name, path in snakemake.input.items() if name != "template"}
+    # the template finds each file by its stem (figures apart: results/figures/NAME.png)
+    results = [path for name, path in snakemake.input.items() if name != "template"]
     text = render_report(snakemake.input.template, results, snakemake.params.language)
     write_text_atomic(snakemake.output.report, text)
 

@@ -67,10 +67,12 @@ SMALL_EXTRAS = {
                  "measure_tokens": 4, "architectures": [TINY_ARCH]},
     "topp_curve": {"step": 0.25},
     "temp_curve": {"min": 0.5, "max": 1.5, "step": 0.5},
+    "compare": {"prompt_tokens": 20, "new_tokens": 6, "warmup": 0, "repeats": 1, "kv_tokens": 4},
 }
 
 
 def course_config(course, **lab_changes):
-    """A --configfile dict: the course files, SMALL_LAB with per-step changes, SMALL_EXTRAS."""
+    """A --configfile dict: the course files, SMALL_LAB with per-step changes, SMALL_EXTRAS, and no
+    models to compare but the lab's own (tests/test_compare.py adds some)."""
     lab = {step: {**knobs, **lab_changes.get(step, {})} for step, knobs in SMALL_LAB.items()}
-    return {**{key: str(path) for key, path in course.items()}, "lab": lab, "extras": SMALL_EXTRAS}
+    return {**{key: str(path) for key, path in course.items()}, "lab": lab, "extras": SMALL_EXTRAS, "compare": []}

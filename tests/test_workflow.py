@@ -166,3 +166,77 @@ def test_english_report_keeps_the_headings(built, course):
         assert heading in report
     assert "The cache helped" in report and "캐시는 토큰 수로는" not in report
     assert f"{load(built, 'time')['speedup']:.2f}" in report
+
+
+# --- the report's sentences follow the numbers ---------------------------------------------------
+
+REPORT_INPUTS = ("prompt", "model_card", "same", "count", "time", "time_runs", "kvbytes", "temp", "temp_answers",
+                 "topp", "topp_sharp")
+
+
+def render_altered(built, tmp_path, language, **changes):
+    """Copy the lab's result files, apply `changes` ({stem: function(dict) -> dict}), render the report."""
+    from kvlab.lab.report import render_report
+
+    paths = {}
+    for stem in REPORT_INPUTS:
+        data = load(built, stem)
+        if stem in changes:
+            data = changes[stem](data)
+        paths[stem] = tmp_path / f"{stem}.json"
+        paths[stem].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    from helpers import ROOT
+
+    return render_report(ROOT / "templates" / "report.md.j2", list(paths.values()), language)
+
+
+def reverse_topp(data):
+    """Make the sharp prefix keep more candidates than the flat one at every p."""
+    return {p: 2 for p in data}
+
+
+def widen_sharp(data):
+    return {**data, "survivors": {p: 50 for p in data["survivors"]}}
+
+
+def spread_low_temperature(data):
+    """Many distinct answers at the lowest temperature, fewer at the highest (the opposite of usual)."""
+    keys = sorted(data, key=float)
+    return {key: {"distinct": 6 - 4 * i // max(len(keys) - 1, 1)} for i, key in enumerate(keys)}
+
+
+def slow_cache(data):
+    return {**data, "with_cache_s": 2.0, "without_cache_s": 1.0, "speedup": 0.5}
+
+
+@pytest.mark.parametrize("language", ["en", "ko"])
+def test_report_sentences_follow_reversed_data(built, tmp_path, language):
+    usual = render_altered(built, tmp_path, language)
+    reversed_ = render_altered(built, tmp_path, language, topp=reverse_topp, topp_sharp=widen_sharp,
+                               temp=spread_low_temperature, time=slow_cache)
+    if language == "en":
+        assert 'more candidates survive after "민수는"' in usual or "depends on p" in usual
+        assert 'At every p more candidates survive after "가람 마을의 특산물은"' in reversed_
+        assert "the distinct answers fell as the temperature rose (6 → 2)" in reversed_
+        assert "Even at the lowest temperature, 0.3, the 6 answers hold 6 distinct texts" in reversed_
+        assert "saved no time (**0.50×**)" in reversed_ and "The cache helped" not in reversed_
+        assert "they (nearly) agree" not in reversed_
+    else:
+        assert '모든 p에서 "가람 마을의 특산물은" 뒤에 후보가 더 많이 남습니다' in reversed_
+        assert "오히려 줄었습니다(6 → 2)" in reversed_
+        assert "가장 낮은 온도 0.3에서도" in reversed_
+        assert "시간은 줄지 않았습니다" in reversed_ and "캐시는 토큰 수로는" not in reversed_
+
+
+def test_report_shows_the_model_and_warns_about_a_random_one(built):
+    """The course's checkpoints are random: the prompt's perplexity is near the vocabulary size, which the
+    report (at the top) and `check` must say."""
+    card = load(built, "model_card")
+    assert card["prompt_perplexity"]["perplexity"] > card["prompt_perplexity"]["vocab_size"] / 4
+    report = (built / "results" / "report.md").read_text(encoding="utf-8")
+    head = report.split("## KV 캐시")[0]
+    assert "> **경고:**" in head and "perplexity" in head and card["prompt_perplexity"]["alarm"] is True
+    assert f"{card['prompt_perplexity']['perplexity']:.2f}" in head
+    assert "minimind-3 레이아웃" in head and "파일에서 읽음: " in head
+    check = load(built, "check")
+    assert check["warnings"] == card["warnings"] and check["ok"] is True

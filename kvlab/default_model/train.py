@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM, count_parameters
 
 IGNORE = -100
 PAD_ID = 0  # <|endoftext|>, MiniMind's pad token; padded positions carry no loss anyway
@@ -35,13 +35,14 @@ PAD_ID = 0  # <|endoftext|>, MiniMind's pad token; padded positions carry no los
 
 def build_model(vocab_size: int, seed: int, hidden_size: int = 128, num_hidden_layers: int = 4,
                 num_attention_heads: int = 4, num_key_value_heads: int = 2,
-                max_position_embeddings: int = 2048) -> MiniMindForCausalLM:
+                max_position_embeddings: int = 2048, **config_fields) -> MiniMindForCausalLM:
     """A fresh MiniMind with seeded weights: normal(0, 0.02), residual projections
-    (o_proj, down_proj) scaled by 1/sqrt(2 * layers), norms at one."""
+    (o_proj, down_proj) scaled by 1/sqrt(2 * layers), norms at one. `config_fields` go to
+    MiniMindConfig as they are (e.g. qk_norm=False, rms_norm_eps=1e-5 for MiniMind2's layout)."""
     config = MiniMindConfig(
         hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
-        vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+        vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, **config_fields,
     )
     model = MiniMindForCausalLM(config)
     generator = torch.Generator().manual_seed(seed)
@@ -54,10 +55,6 @@ def build_model(vocab_size: int, seed: int, hidden_size: int = 128, num_hidden_l
                 std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
     return model
-
-
-def count_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())  # tied embedding counted once
 
 
 # ---------------------------------------------------------------------------
@@ -161,13 +158,13 @@ def _log(log, line: str) -> None:
 
 
 def _train_loop(model, next_batch, steps: int, lr: float, warmup: int, log, log_every: int, tag: str):
-    """Shared loop: returns (mean loss of the last 10% of steps, tokens/s, seconds)."""
+    """Shared loop: returns (mean loss of the last 10% of steps, seconds, tokens fed to the model)."""
     optimizer = make_optimizer(model, lr)
     model.train()
     recent: list[float] = []
     tail = max(1, steps // 10)
     start = time.perf_counter()
-    window_start, window_tokens = start, 0
+    window_start, window_tokens, total_tokens = start, 0, 0
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
@@ -178,6 +175,7 @@ def _train_loop(model, next_batch, steps: int, lr: float, warmup: int, log, log_
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         window_tokens += ids[:, :-1].numel()
+        total_tokens += ids[:, :-1].numel()
         value = float(loss.detach())
         recent = (recent + [value])[-tail:]
         if (step + 1) % log_every == 0 or step + 1 == steps or step == 0:
@@ -188,7 +186,7 @@ def _train_loop(model, next_batch, steps: int, lr: float, warmup: int, log, log_
             window_start, window_tokens = now, 0
     seconds = time.perf_counter() - start
     model.eval()
-    return sum(recent) / len(recent), seconds
+    return sum(recent) / len(recent), seconds, total_tokens
 
 
 @torch.no_grad()
@@ -224,18 +222,17 @@ def pretrain(model, tokenizer, train_texts: list[str], val_texts: list[str], ste
     train = pack_documents(tokenizer, train_texts, seq_len)
     val = pack_documents(tokenizer, val_texts, seq_len)
     _log(log, f"pretrain: {len(train_texts)} documents -> {train.shape[0]} windows of {seq_len + 1} tokens "
-              f"({train.numel()} tokens); validation {val.shape[0]} windows; {count_params(model)} parameters")
+              f"({train.numel()} tokens); validation {val.shape[0]} windows; {count_parameters(model)} parameters")
     batches = shuffled_rows(train.shape[0], batch_size, seed)
 
     def next_batch():
         batch = train[next(batches)]
         return batch, batch
 
-    train_loss, seconds = _train_loop(model, next_batch, steps, lr, max(1, int(steps * warmup_fraction)),
-                                      log, log_every, "pretrain")
+    train_loss, seconds, tokens = _train_loop(model, next_batch, steps, lr, max(1, int(steps * warmup_fraction)),
+                                              log, log_every, "pretrain")
     val_loss = evaluate(model, [(val[i:i + batch_size], val[i:i + batch_size])
                                 for i in range(0, val.shape[0], batch_size)])
-    tokens = steps * batch_size * seq_len
     metrics = {
         "val_loss": val_loss,
         "val_perplexity": math.exp(val_loss),
@@ -247,7 +244,7 @@ def pretrain(model, tokenizer, train_texts: list[str], val_texts: list[str], ste
         "epochs": tokens / train.numel(),
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
-        "params": count_params(model),
+        "params": count_parameters(model),
         "torch_threads": torch.get_num_threads(),
     }
     _log(log, f"pretrain done: val loss {val_loss:.4f} perplexity {metrics['val_perplexity']:.2f} "
@@ -266,14 +263,14 @@ def sft(model, tokenizer, conversations: list[list[dict]], steps: int, batch_siz
     if not train:
         raise ValueError("no SFT examples left to train on")
     _log(log, f"sft: {len(train)} training and {len(val)} held-out conversations, at most {seq_len} tokens each; "
-              f"{count_params(model)} parameters")
+              f"{count_parameters(model)} parameters")
     batches = shuffled_rows(len(train), batch_size, seed)
 
     def next_batch():
         return pad_batch([train[r] for r in next(batches)], PAD_ID)
 
-    train_loss, seconds = _train_loop(model, next_batch, steps, lr, max(1, int(steps * warmup_fraction)),
-                                      log, log_every, "sft")
+    train_loss, seconds, tokens = _train_loop(model, next_batch, steps, lr, max(1, int(steps * warmup_fraction)),
+                                              log, log_every, "sft")
     val_loss = evaluate(model, [pad_batch(val[i:i + batch_size], PAD_ID) for i in range(0, len(val), batch_size)]) if val else float("nan")
     assistant_tokens = sum(sum(1 for y in labels[1:] if y != IGNORE) for _, labels in train)
     metrics = {
@@ -289,7 +286,9 @@ def sft(model, tokenizer, conversations: list[list[dict]], steps: int, batch_siz
         "assistant_tokens_per_epoch": assistant_tokens,
         "seconds": seconds,
         "conversations_per_s": steps * batch_size / seconds,
-        "params": count_params(model),
+        "tokens_trained": tokens,  # padding included: what the model computed on
+        "tokens_per_s": tokens / seconds,
+        "params": count_parameters(model),
         "torch_threads": torch.get_num_threads(),
     }
     _log(log, f"sft done: held-out assistant loss {val_loss:.4f} in {seconds:.1f}s")

@@ -1,19 +1,19 @@
 """MiniMind checkpoints: a `state_dict` saved with `torch.save`, usually float16.
 
 `load_model` reads one safely (`weights_only=True`: a pickle that would run code
-is refused), infers the architecture from the tensor shapes, and loads it
-strictly. `save_checkpoint` writes the same format MiniMind's trainers write.
+is refused), infers the architecture from the tensor shapes
+(kvlab.engine.architecture), and loads it strictly. `save_checkpoint` writes the same format MiniMind's trainers write.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
-from kvlab.io import atomic_path
+from kvlab.engine.architecture import ArchitectureError, infer_architecture
 from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.io import atomic_path
 
 
 class CheckpointError(ValueError):
@@ -39,40 +39,12 @@ def read_state_dict(path) -> dict[str, torch.Tensor]:
     return obj
 
 
-def infer_config(state_dict: dict[str, torch.Tensor], **overrides) -> MiniMindConfig:
-    """Every architecture field the tensors determine; the rest from `overrides` or the defaults."""
-    if any(".mlp.experts." in key for key in state_dict):
-        raise CheckpointError("a mixture-of-experts (use_moe) checkpoint: kvlab's engine has dense MLPs only")
+def infer_config(state_dict: dict[str, torch.Tensor], measured: dict | None = None, **overrides) -> MiniMindConfig:
+    """The config of `state_dict` (see kvlab.engine.architecture.infer_architecture)."""
     try:
-        vocab_size, hidden_size = state_dict["model.embed_tokens.weight"].shape
-        q_rows = state_dict["model.layers.0.self_attn.q_proj.weight"].shape[0]
-        k_rows = state_dict["model.layers.0.self_attn.k_proj.weight"].shape[0]
-        intermediate_size = state_dict["model.layers.0.mlp.gate_proj.weight"].shape[0]
-    except KeyError as err:
-        raise CheckpointError(f"missing tensor {err.args[0]!r}: not a MiniMind state_dict") from None
-    layer_ids = {int(m.group(1)) for key in state_dict if (m := re.match(r"model\.layers\.(\d+)\.", key))}
-    fields = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_hidden_layers=max(layer_ids) + 1,
-        intermediate_size=intermediate_size,
-    )
-    q_norm = state_dict.get("model.layers.0.self_attn.q_norm.weight")
-    fields["qk_norm"] = q_norm is not None
-    if q_norm is not None:
-        head_dim = q_norm.shape[0]
-    else:  # MiniMind2 layout: the head count is not in any shape
-        heads = overrides.get("num_attention_heads", MiniMindConfig.num_attention_heads)
-        head_dim = overrides.get("head_dim") or hidden_size // heads
-    fields["head_dim"] = head_dim
-    fields["num_attention_heads"] = q_rows // head_dim
-    fields["num_key_value_heads"] = k_rows // head_dim
-    lm_head = state_dict.get("lm_head.weight")
-    fields["tie_word_embeddings"] = lm_head is None or torch.equal(lm_head, state_dict["model.embed_tokens.weight"])
-    for key, value in overrides.items():
-        if key in fields and key not in ("num_attention_heads", "head_dim") and value != fields[key]:
-            raise CheckpointError(f"override {key}={value} contradicts the checkpoint's tensors ({fields[key]})")
-    return MiniMindConfig(**{**overrides, **fields})
+        return infer_architecture(state_dict, overrides, measured).config
+    except ArchitectureError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _check_keys_and_shapes(path, model: MiniMindForCausalLM, state_dict) -> None:
@@ -96,16 +68,20 @@ def _check_keys_and_shapes(path, model: MiniMindForCausalLM, state_dict) -> None
             )
 
 
-def load_model(path, device="cpu", dtype=torch.float32, **overrides) -> MiniMindForCausalLM:
-    """Read a MiniMind .pth, build the matching model, load it strictly, cast, and set eval mode."""
+def load_model(path, device="cpu", dtype=torch.float32, measured: dict | None = None,
+               **overrides) -> MiniMindForCausalLM:
+    """Read a MiniMind .pth, build the matching model, load it strictly, cast, and set eval mode.
+    `overrides` are the user's model_overrides, `measured` a head count found by measurement; the
+    model's `architecture` attribute says where each config field came from."""
     state_dict = read_state_dict(path)
     try:
-        config = infer_config(state_dict, **overrides)
-    except CheckpointError as err:
+        architecture = infer_architecture(state_dict, overrides, measured)
+    except ArchitectureError as err:
         raise CheckpointError(f"{path}: {err}") from None
-    model = MiniMindForCausalLM(config)
+    model = MiniMindForCausalLM(architecture.config)
     _check_keys_and_shapes(path, model, state_dict)
     model.load_state_dict(state_dict, strict=True)
+    model.architecture = architecture
     return model.to(device=device, dtype=dtype).eval()
 
 

@@ -272,6 +272,11 @@ class MiniMindForCausalLM(nn.Module):
         return input_ids
 
 
+def count_parameters(model: nn.Module) -> int:
+    """Parameters of `model`, a tied embedding counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
 def kv_cache_bytes(past_key_values: KVCache) -> int:
     """Bytes held by every tensor of a cache, as allocated."""
     return sum(t.numel() * t.element_size() for pair in past_key_values for t in pair)

@@ -112,3 +112,20 @@ class Tokenizer:
 
 def load_tokenizer(folder) -> Tokenizer:
     return Tokenizer(folder)
+
+
+# Checkpoints often pad the embedding to a multiple of this (MiniMind's own does not; others do).
+VOCAB_PADDING = 128
+
+
+def vocab_mismatch(tokenizer_vocab: int, model_vocab: int) -> str | None:
+    """Why a tokenizer of `tokenizer_vocab` ids cannot belong to a checkpoint of `model_vocab` rows,
+    or None when they may. Every id needs a row; a few spare rows are padding, many more mean the
+    checkpoint was trained with another, larger tokenizer."""
+    if tokenizer_vocab > model_vocab:
+        return f"the tokenizer has {tokenizer_vocab} ids but the checkpoint only vocab_size={model_vocab}"
+    padded = -(-tokenizer_vocab // VOCAB_PADDING) * VOCAB_PADDING
+    if model_vocab > padded:
+        return (f"the checkpoint has vocab_size={model_vocab}, far more than the tokenizer's {tokenizer_vocab} ids "
+                f"(padding to a multiple of {VOCAB_PADDING} would give {padded}): it was trained with another tokenizer")
+    return None

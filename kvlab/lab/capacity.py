@@ -30,10 +30,11 @@ def vllm_line(cache_tokens: int, context_tokens: int, concurrency: float) -> str
             f"Maximum concurrency for {context_tokens:,} tokens per request: {concurrency:.2f}x")
 
 
-def architecture_model(arch: dict) -> MiniMindForCausalLM:
-    """A random-weight MiniMind of the given architecture, only to weigh its cache."""
+def architecture_model(arch: dict, positions: int = MEASURE_POSITIONS) -> MiniMindForCausalLM:
+    """A MiniMind of the given architecture with seeded random weights (PyTorch's default init, seed 0),
+    for measurements that do not depend on the weights' values: the cache's size, the cost of a step."""
     fields = {key: value for key, value in arch.items() if key != "name"}
-    fields["max_position_embeddings"] = MEASURE_POSITIONS
+    fields["max_position_embeddings"] = positions
     with torch.random.fork_rng():
         torch.manual_seed(0)
         return MiniMindForCausalLM(MiniMindConfig(**fields)).eval()

@@ -167,7 +167,16 @@ def check_results(results_dir, temperatures, samples: int, ps) -> dict:
         except (TypeError, ValueError, AttributeError) as err:
             ok, detail = False, f"unexpected content: {err}"
         verdicts[name] = {"ok": bool(ok), "detail": detail}
-    return {"results_dir": str(results_dir), "ok": all(v["ok"] for v in verdicts.values()), "rules": verdicts}
+    return {"results_dir": str(results_dir), "ok": all(v["ok"] for v in verdicts.values()), "rules": verdicts,
+            "warnings": model_warnings(folder)}
+
+
+def model_warnings(folder: Folder) -> list[str]:
+    """Warnings about the model the lab ran on (model_card.json, when the folder has one): numbers that
+    pass every rule can still come from an untrained model or a tokenizer that is not the model's."""
+    if not (folder.path / "model_card.json").is_file():
+        return []
+    return list(folder.json("model_card.json").get("warnings", []))
 
 
 def verdict_table(result: dict) -> str:
@@ -178,6 +187,7 @@ def verdict_table(result: dict) -> str:
         lines.append(f"{name:<{width}}  {'PASS' if verdict['ok'] else 'FAIL':<7}  {verdict['detail']}")
     failed = [name for name, verdict in result["rules"].items() if not verdict["ok"]]
     lines.append("all rules pass" if not failed else f"FAILED: {', '.join(failed)}")
+    lines.extend(f"WARNING: {warning}" for warning in result.get("warnings", []))
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvlab.io import atomic_path  # noqa: E402
@@ -88,16 +89,17 @@ def latency_curve(latency: dict, path) -> None:
 
 
 def topp_curve(rows: list[dict], path) -> None:
-    """Survivors of top-p against p, after the flat and the sharp prefix; the whole vocabulary
-    as a ceiling, and the lab sheet's p values marked."""
+    """Survivors of top-p against p, after each of the two prefixes; the whole vocabulary as a
+    ceiling, and the lab sheet's p values marked. The legend names the prefixes by their config
+    keys only: which of them leaves more candidates is for the data to show, not the label."""
     ps = [row["p"] for row in rows]
     vocab_size = rows[0]["vocab_size"]
     marked_ps = [row["p"] for row in rows if row["lab_p"]]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     ax.plot(ps, [row["flat"] for row in rows], "o-", color="tab:green", ms=4,
-            label="after the flat prefix (lab.topp.prefix)")
+            label="after lab.topp.prefix")
     ax.plot(ps, [row["sharp"] for row in rows], "s-", color="tab:purple", ms=4,
-            label="after the sharp prefix (lab.topp.sharp_prefix)")
+            label="after lab.topp.sharp_prefix")
     ax.axhline(vocab_size, color="grey", ls=":", lw=1, label=f"whole vocabulary ({vocab_size:,} tokens)")
     for index, p in enumerate(marked_ps):
         ax.axvline(p, color="grey", ls="--", lw=0.8, alpha=0.6, label="the lab sheet's p values" if index == 0 else None)
@@ -140,4 +142,67 @@ def temperature_curve(rows: list[dict], path) -> None:
     entropy_ax.grid(True, alpha=0.3)
     entropy_ax.legend(loc="center left", fontsize=9)
     fig.suptitle("Sampling the SFT model's answer to the lab question at each temperature (same seed)")
+    _save(fig, path)
+
+
+def compare_curve(rows: list[dict], path) -> None:
+    """Left: measured and predicted speedup against parameter count (log x), under the token ratio.
+    Right: an average step of each mode (one token fed with the cache, P + (N-1)/2 without) split into
+    the fit's fixed and per-token parts, as shares of the step's time (total in ms on top)."""
+    params = np.array([row["parameters"] for row in rows], dtype=float)
+    names = [row["name"] for row in rows]
+    fig, (speed_ax, split_ax) = plt.subplots(1, 2, figsize=(11.5, 4.6))
+
+    ratios = sorted({round(row["token_ratio"], 6) for row in rows})
+    for index, ratio in enumerate(ratios):
+        speed_ax.axhline(ratio, color="grey", ls=":", lw=1.2,
+                         label=f"token ratio {ratio:.1f}× (the ceiling)" if index == 0 else None)
+    speed_ax.plot(params, [row["speedup"] for row in rows], "o-", color="tab:blue", ms=7,
+                  label="measured speedup (median times)")
+    speed_ax.plot(params, [row["predicted_speedup"] for row in rows], "D", color="tab:orange", ms=6, mfc="none",
+                  mew=1.5, label="predicted by each model's fixed-cost fit")
+    for x, y, name in zip(params, [row["speedup"] for row in rows], names):
+        speed_ax.annotate(name, (x, y), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
+    speed_ax.set_xscale("log")
+    speed_ax.set_yscale("log")
+    speed_ax.set_xlim(params.min() / 2.5, params.max() * 2.5)
+    speed_ax.set_ylim(1, max(ratios) * 1.6)
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= max(ratios) * 1.6]
+    speed_ax.set_yticks(ticks, [f"{t}×" for t in ticks])
+    speed_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    speed_ax.set_xlabel("parameters (log scale)")
+    speed_ax.set_ylabel("speedup from the cache (log scale)")
+    speed_ax.set_title(f"Speedup against model size (P = {rows[0]['prompt_len']}, N = {rows[0]['new_tokens']})")
+    speed_ax.grid(True, which="both", alpha=0.3)
+    speed_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.84))
+
+    # an average step of each mode: one token fed with the cache, P + (N - 1) / 2 without
+    positions = np.arange(len(rows))
+    width = 0.38
+    modes = ((-width / 2, "with", lambda row: 1.0),
+             (width / 2, "without", lambda row: row["prompt_len"] + (row["new_tokens"] - 1) / 2))
+    for offset, label, fed_of in modes:
+        fixed = np.array([row["fit_fixed_s"] for row in rows]) * 1000
+        per_token = np.array([row["fit_per_token_s"] * fed_of(row) for row in rows]) * 1000
+        total = fixed + per_token
+        fixed_share = np.where(total > 0, fixed / total, np.nan) * 100
+        split_ax.bar(positions + offset, fixed_share, width, color="tab:grey",
+                     label="fixed part (the fit's intercept)" if offset < 0 else None)
+        split_ax.bar(positions + offset, 100 - fixed_share, width, bottom=fixed_share, color="tab:green",
+                     label="per-token part (× tokens fed)" if offset < 0 else None)
+        for x, ms in zip(positions + offset, total):
+            split_ax.annotate(f"{ms:.1f} ms", (x, 100), textcoords="offset points", xytext=(0, 3),
+                              ha="center", fontsize=7)
+    bar_positions = [x + offset for x in positions for offset, _, _ in modes]
+    split_ax.set_xticks(bar_positions, [label for _ in positions for _, label, _ in modes], fontsize=7)
+    for x, name in zip(positions, names):
+        split_ax.annotate(name, (x, 0), xycoords=("data", "axes fraction"), textcoords="offset points",
+                          xytext=(0, -24), ha="center", fontsize=8)
+    split_ax.set_ylim(0, 112)
+    split_ax.set_yticks([0, 25, 50, 75, 100])
+    split_ax.set_ylabel("share of an average step's time (%)")
+    split_ax.set_title("An average step with and without the cache (ms on top)")
+    split_ax.grid(True, axis="y", alpha=0.3)
+    split_ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    fig.suptitle("The same lab, several model sizes: why the speedup grows with size")
     _save(fig, path)

@@ -15,6 +15,9 @@ from jinja2.sandbox import SandboxedEnvironment
 from kvlab.io import read_csv_rows, read_json
 from kvlab.lab.formulas import fed_formulas
 
+# How consistently a sequence must move for the report to call it a trend (Kendall's tau).
+TREND_TAU = 0.6
+
 
 def build_context(results: dict[str, dict], language: str, answers_shown: int = 3) -> dict:
     """Numbers for the template, from the loaded result files (keyed by file stem)."""
@@ -44,9 +47,80 @@ def build_context(results: dict[str, dict], language: str, answers_shown: int = 
         "flat_prefix": results["topp_sharp"]["flat_prefix"],
         "sharp_prefix": results["topp_sharp"]["prefix"],
         "prompt": results["prompt"],
+        "card": model_card_context(results["model_card"]),
     }
     context.update(extras_context(results, timing))
+    context["trend"] = trends(context)
     return context
+
+
+def model_card_context(card: dict) -> dict:
+    """model_card.json with each model's fields grouped by where they came from."""
+    models = []
+    for name, entry in card["models"].items():
+        by_source: dict[str, list[str]] = {}
+        for field, source in entry["sources"].items():
+            by_source.setdefault(source, []).append(f"{field} {entry['config'][field]}")
+        models.append({"name": name, "layout": entry["layout"], "parameters": entry["parameters"],
+                       "config": entry["config"], "by_source": by_source, "head_count": entry.get("head_count")})
+    return {"models": models, "warnings": card["warnings"], "perplexity": card["prompt_perplexity"],
+            "tokenizer_vocab_size": card["tokenizer_vocab_size"]}
+
+
+def direction(values) -> str:
+    """How a sequence moves with its index: "flat" (all equal), "up" or "down" when Kendall's tau
+    with the index is at least TREND_TAU in size and the ends agree, else "mixed". A noisy but
+    clearly rising curve is "up"; a curve that goes up and comes back is not."""
+    values = list(values)
+    if len(set(values)) <= 1:
+        return "flat"
+    pairs = [(a, b) for i, a in enumerate(values) for b in values[i + 1:]]
+    tau = sum((b > a) - (b < a) for a, b in pairs) / len(pairs)
+    if tau >= TREND_TAU and values[-1] > values[0]:
+        return "up"
+    if tau <= -TREND_TAU and values[-1] < values[0]:
+        return "down"
+    return "mixed"
+
+
+def comparison(pairs) -> str:
+    """For (a, b) pairs: "first" if a > b in every pair, "second" if a < b in every pair, else "mixed"."""
+    pairs = list(pairs)
+    if pairs and all(a > b for a, b in pairs):
+        return "first"
+    if pairs and all(a < b for a, b in pairs):
+        return "second"
+    return "mixed"
+
+
+def trends(context: dict) -> dict:
+    """Every comparison the report's prose states, decided here from the numbers, so that no sentence
+    claims a trend the data does not show (the template picks its sentence by these words)."""
+    rows = context["temperature_rows"]
+    lowest = min(rows, key=lambda row: float(row["temperature"]))
+    trend = {
+        # "faster" / "slower" / "same": the cache's effect on time at all
+        "cache_time": "faster" if context["time"]["speedup"] > 1 else "slower",
+        # is the time gain below the token gain (the fixed cost per step at work)?
+        "time_below_tokens": context["time"]["speedup"] < context["token_ratio"],
+        "temperature": direction(row["distinct"] for row in sorted(rows, key=lambda r: float(r["temperature"]))),
+        # at the lowest temperature, do (nearly) all answers agree? at most a fifth distinct
+        "lowest_agree": lowest["distinct"] <= max(1, lowest["samples"] // 5),
+        "lowest": lowest,
+        # which prefix leaves more top-p candidates, at every p of the lab
+        "topp": comparison((row["flat"], row["sharp"]) for row in context["topp_rows"]),
+    }
+    if "temp_curve" in context:
+        curve = context["temp_curve"]["rows"]
+        trend["curve_distinct"] = direction(row["distinct"] for row in curve)
+        trend["curve_entropy"] = direction(row["mean_entropy_nats"] for row in curve)
+    if "topp_curve" in context:
+        curve = context["topp_curve"]["rows"]
+        trend["curve_topp"] = comparison((row["flat"], row["sharp"]) for row in curve)
+    if "sweep" in context:
+        last = context["sweep"]["rows"][-1]
+        trend["sweep_time_below_tokens"] = last["speedup"] < last["token_ratio"]
+    return trend
 
 
 def extras_context(results: dict, timing: dict) -> dict:
@@ -81,11 +155,38 @@ def extras_context(results: dict, timing: dict) -> dict:
         # the lab sheet's own p values, and the end of the curve
         marks = [row for row in rows if row["lab_p"] or row is rows[-1]]
         context["topp_curve"] = {"rows": rows, "first": rows[0], "last": rows[-1], "marks": marks}
+    if "compare" in results:
+        context["compare"] = compare_context(results["compare"])
     if "temp_curve" in results:
         rows = results["temp_curve"]
         context["temp_curve"] = {"rows": rows, "first": rows[0], "last": rows[-1],
                                  "max_distinct": max(rows, key=lambda row: row["distinct"])}
     return context
+
+
+def compare_context(rows: list[dict]) -> dict:
+    """compare.csv with, per row, the fixed share of an average no-cache step and the speedup as a share
+    of the token ratio; and the trends over model size that the prose may state."""
+    for row in rows:
+        fed = row["prompt_len"] + (row["new_tokens"] - 1) / 2
+        step = row["fit_fixed_s"] + row["fit_per_token_s"] * fed
+        row["fixed_share"] = row["fit_fixed_s"] / step if step > 0 else float("nan")
+        row["of_ratio"] = row["speedup"] / row["token_ratio"]
+        row["formulas_match"] = (row["fed_with_cache"] == row["formula_with_cache"]
+                                 and row["fed_without_cache"] == row["formula_without_cache"])
+        row["bytes_match"] = row["kv_bytes_per_token_formula"] == row["kv_bytes_per_token_measured"]
+    by_size = sorted(rows, key=lambda row: row["parameters"])
+    return {
+        "rows": rows,
+        "smallest": by_size[0],
+        "largest": by_size[-1],
+        "speedup_trend": direction(row["speedup"] for row in by_size) if len(rows) > 1 else "single",
+        "fixed_share_trend": direction(row["fixed_share"] for row in by_size) if len(rows) > 1 else "single",
+        "all_same": all(str(row["same_ids"]) == "True" for row in rows),
+        "all_match": all(row["formulas_match"] and row["bytes_match"] for row in rows),
+        "random": [row["name"] for row in rows if row["weights"] != "checkpoint"],
+        "ratios": sorted({round(row["token_ratio"], 1) for row in rows}),
+    }
 
 
 def capacity_table(rows: list[dict]) -> dict:
@@ -114,25 +215,25 @@ def capacity_table(rows: list[dict]) -> dict:
             "example_name": f"{last['model']}, {last['dtype']}"}
 
 
-def load_results(result_paths: dict[str, str]) -> dict:
-    """JSON files as dicts, CSV tables as lists of row dicts; figures (PNG) as links relative to the
-    report, which sits in the same folder as figures/, under results["figures"][stem]."""
+def load_results(paths) -> dict:
+    """JSON files as dicts and CSV tables as lists of row dicts, keyed by file stem; figures (PNG) as
+    links relative to the report, which sits in the same folder as figures/, under results["figures"][stem]."""
     results: dict = {"figures": {}}
-    for name, path in result_paths.items():
-        path = Path(path)
+    for path in map(Path, paths):
         if path.suffix == ".json":
-            results[name] = read_json(path)
+            results[path.stem] = read_json(path)
         elif path.suffix == ".csv":
-            results[name] = read_csv_rows(path)
+            results[path.stem] = read_csv_rows(path)
         elif path.suffix == ".png":
-            results["figures"][name] = f"{path.parent.name}/{path.name}"
+            results["figures"][path.stem] = f"{path.parent.name}/{path.name}"
         else:
             raise ValueError(f"{path}: the report reads .json, .csv and .png files only")
     return results
 
 
-def render_report(template_path, result_paths: dict[str, str], language: str) -> str:
-    """Load the result files and render the template in a sandbox (a template is untrusted input)."""
+def render_report(template_path, result_paths, language: str) -> str:
+    """Load the result files (a list of paths) and render the template in a sandbox (a template is
+    untrusted input)."""
     results = load_results(result_paths)
     template_path = Path(template_path)
     env = SandboxedEnvironment(loader=FileSystemLoader(template_path.parent), undefined=StrictUndefined,

@@ -1,0 +1,32 @@
+"""One model of `compare`: the lab's cost steps on the lab's prompt cut to P tokens."""
+from kvlab.engine.device import resolve_device, resolve_dtype
+from kvlab.io import read_json, write_json_atomic
+from kvlab.lab.capacity import architecture_model
+from kvlab.lab.compare import CompareError, architecture_fields, measure_cost
+from kvlab.workflow import load_checkpoint, log, run
+
+
+def main(snakemake):
+    p = snakemake.params
+    entry, settings = p.entry, p.settings
+    prompt_ids = read_json(snakemake.input.prompt)["ids"][: settings["prompt_tokens"]]
+    if "architecture" in entry:
+        device = resolve_device(p.device)
+        positions = len(prompt_ids) + settings["new_tokens"]
+        model = architecture_model(architecture_fields(entry["architecture"]), positions)
+        model = model.to(device=device, dtype=resolve_dtype(p.dtype))
+        log.info("%s: seeded random weights, %s", entry["name"], model.config.to_dict())
+    else:
+        model, device = load_checkpoint(snakemake.input.checkpoint, p.device, p.dtype,
+                                        entry.get("model_overrides", {}), entry.get("measured", {}))
+    try:
+        cost = measure_cost(model, prompt_ids, settings["new_tokens"], settings["warmup"], settings["repeats"],
+                            settings["kv_tokens"], p.seed, device)
+    except ValueError as err:
+        raise CompareError(f"compare entry '{entry['name']}': {err}") from None
+    log.info("%s: speedup %.2f (token ratio %.1f), fit %.3f ms + %.3f us/token", entry["name"], cost["speedup"],
+             cost["token_ratio"], cost["fit_fixed_s"] * 1e3, cost["fit_per_token_s"] * 1e6)
+    write_json_atomic(snakemake.output.cost, {"name": entry["name"], **cost})
+
+
+run(snakemake, main)
