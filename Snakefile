@@ -22,6 +22,7 @@ rule all:
     input:
         LAB_RESULTS,
         "results/report.md",
+        "results/lab_tables.html",
         EXTRA_RESULTS,
         FIGURES.values(),
         COMPARE_RESULTS,

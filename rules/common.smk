@@ -1,4 +1,5 @@
 # Config validation and input functions shared by every rule file.
+import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -7,13 +8,33 @@ from snakemake.utils import validate
 from kvlab.config import config_error
 from kvlab.workflow import describe_checkpoint
 
+
+def stop(message):
+    """End the run before any job with `message` as its one line of output (exit status 1):
+    the config key or file it names is all the user needs, not a traceback."""
+    raise SystemExit(message)
+
+
 try:
     validate(config, schema="../schemas/config.schema.yaml")
 except WorkflowError:
     # Snakemake's message is a page of schema dump; say in one line which key is wrong and why.
-    raise WorkflowError(
-        config_error(config, workflow.source_path("../schemas/config.schema.yaml"))
-    ) from None
+    stop(config_error(config, workflow.source_path("../schemas/config.schema.yaml")))
+
+
+def _by_value(value):
+    """`value` with the keys of every mapping in it sorted. Snakemake records a job's params by
+    repr(), so a dict's key order would count as a change; sorted, two configs equal by value
+    (keys reordered, a comment added, 0.30 written for 0.3) record the same params."""
+    if isinstance(value, dict):
+        return {key: _by_value(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_by_value(item) for item in value]
+    return value
+
+
+# Every rule's params are read from `config`: canonical here, canonical everywhere.
+config.update(_by_value(config))
 
 # Where each input comes from when its config key is null: the embedded default's rules.
 DEFAULT_INPUTS = {
@@ -34,17 +55,24 @@ def _configured_path(key):
     path = Path(config[key]).expanduser()
     if key == "tokenizer":
         if not (path / "tokenizer.json").is_file():
-            raise WorkflowError(
+            stop(
                 f"config key 'tokenizer': {path} is not a folder with a tokenizer.json"
             )
     elif not path.is_file():
-        raise WorkflowError(f"config key '{key}': file not found: {path}")
+        stop(f"config key '{key}': file not found: {path}")
     return str(path)
+
+
+# Each configured path is checked once, now, so a wrong one stops the run with one line
+# before any rule asks for it (an input function's error would come wrapped in a traceback).
+CONFIGURED_INPUTS = {
+    key: _configured_path(key) for key in DEFAULT_INPUTS if config[key]
+}
 
 
 def input_path(key):
     """The path of an input: the user's file, or the embedded default's output."""
-    return _configured_path(key) if config[key] else DEFAULT_INPUTS[key]
+    return CONFIGURED_INPUTS.get(key, DEFAULT_INPUTS[key])
 
 
 def tokenizer_inputs(wildcards=None):
@@ -77,7 +105,7 @@ def describe_configured_checkpoints():
             message = str(err)
             if not message.startswith("config key"):
                 message = f"config key '{key}': {message}"
-            raise WorkflowError(message) from None
+            stop(message)
     return described
 
 
@@ -123,7 +151,7 @@ def compare_entries():
             config["lab"]["prompt"]["cut_tokens"] + 1,
         )
     except CompareError as err:
-        raise WorkflowError(str(err)) from None
+        stop(str(err))
     entries = {
         LAB_NAME: {
             "name": LAB_NAME,
@@ -140,7 +168,7 @@ def compare_entries():
             if not path.is_file() and not str(entry["checkpoint"]).startswith(
                 "results/"
             ):
-                raise WorkflowError(
+                stop(
                     f"config key 'compare[{index}]' ({entry['name']}).checkpoint: file not found: {path}"
                 )
             entry["checkpoint"] = str(path)
@@ -174,3 +202,18 @@ def compare_job_resources(name):
         COMPARE_SETTINGS["new_tokens"],
         runs,
     )
+
+
+def all_cores(wildcards):
+    """`threads:` of the timing rules: every core of the run, so no other job shares the CPU with
+    the clock. Commands that run no job (--report, --dag, --rulegraph, --lint, --summary) may
+    give no --cores; then there is nothing to share and one thread is recorded."""
+    return workflow.resource_settings.cores or 1
+
+
+def workflow_file(path):
+    """A file of the workflow itself (e.g. a template), as a job input named relative to the
+    working directory: a finished build moved together with the workflow records the same
+    input paths, so nothing reruns after the move. `path` is relative to the Snakefile.
+    """
+    return os.path.relpath(Path(workflow.basedir, path))

@@ -16,7 +16,7 @@ rule compare_cost:
     wildcard_constraints:
         name="[A-Za-z0-9_-]+",
     # The clock must not share the CPU with other jobs: take every core.
-    threads: lambda wildcards: workflow.cores
+    threads: all_cores
     resources:
         mem_mb=lambda wildcards: compare_job_resources(wildcards.name)["mem_mb"],
         runtime=lambda wildcards: compare_job_resources(wildcards.name)["runtime"],
@@ -73,5 +73,6 @@ rule figure_compare:
     threads: 1
     params:
         kind="compare",
+        language=config["report"]["language"],
     script:
         "../scripts/figure.py"

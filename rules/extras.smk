@@ -21,6 +21,11 @@ FIGURES = {
 # `check` grades kvlab.lab.check.LAB_FILES in the folder extras.check.results_dir names:
 # a student's is read as it is; the default, "results", makes it wait for this build.
 CHECKED_FOLDER = Path(EXTRAS["check"]["results_dir"]).expanduser()
+if (
+    CHECKED_FOLDER.resolve() != Path("results").resolve()
+    and not CHECKED_FOLDER.is_dir()
+):
+    stop(f"config key 'extras.check.results_dir': folder not found: {CHECKED_FOLDER}")
 
 
 rule sweep:
@@ -39,7 +44,7 @@ rule sweep:
     benchmark:
         "results/benchmarks/sweep.tsv"
     # The clock must not share the CPU with other jobs: take every core.
-    threads: lambda wildcards: workflow.cores
+    threads: all_cores
     params:
         **model_params(),
         new_tokens=EXTRAS["sweep"]["new_tokens"],
@@ -66,7 +71,7 @@ rule latency:
         "results/logs/latency.log",
     benchmark:
         "results/benchmarks/latency.tsv"
-    threads: lambda wildcards: workflow.cores
+    threads: all_cores
     params:
         **model_params(),
         # the lab's timed generation (step 3), so the prediction compares with time.json
@@ -178,6 +183,7 @@ rule figure_cost_curves:
     threads: 1
     params:
         kind="cost_curves",
+        language=config["report"]["language"],
     script:
         "../scripts/figure.py"
 
@@ -197,6 +203,7 @@ rule figure_step_times:
     threads: 1
     params:
         kind="step_times",
+        language=config["report"]["language"],
     script:
         "../scripts/figure.py"
 
@@ -216,6 +223,7 @@ rule figure_topp_survivors:
     threads: 1
     params:
         kind="topp_survivors",
+        language=config["report"]["language"],
     script:
         "../scripts/figure.py"
 
@@ -235,6 +243,7 @@ rule figure_temperature_effect:
     threads: 1
     params:
         kind="temperature_effect",
+        language=config["report"]["language"],
     script:
         "../scripts/figure.py"
 

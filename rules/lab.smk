@@ -76,7 +76,7 @@ rule timing:
     benchmark:
         "results/benchmarks/timing.tsv"
     # The clock must not share the CPU with other jobs: take every core.
-    threads: lambda wildcards: workflow.cores
+    threads: all_cores
     params:
         **model_params(),
         new_tokens=config["lab"]["time"]["new_tokens"],

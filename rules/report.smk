@@ -3,7 +3,7 @@
 
 rule report:
     input:
-        template=f"{workflow.basedir}/templates/report.md.j2",
+        template=workflow_file("templates/report.md.j2"),
         prompt="results/prompt.json",
         model_card="results/model_card.json",
         same="results/same.json",
@@ -38,3 +38,27 @@ rule report:
         language=config["report"]["language"],
     script:
         "../scripts/report.py"
+
+
+# For `snakemake --report`: the sheet's six result files as tables, so the HTML report shows
+# the numbers in the page (a JSON file there is only a download link).
+rule lab_tables:
+    input:
+        template=workflow_file("templates/lab_tables.html.j2"),
+        same="results/same.json",
+        fed="results/count.json",
+        time="results/time.json",
+        kvbytes="results/kvbytes.json",
+        temp="results/temp.json",
+        topp="results/topp.json",
+    output:
+        tables=report(
+            "results/lab_tables.html",
+            caption="../report/lab_tables.rst",
+            category="Lab sheet",
+        ),
+    log:
+        "results/logs/lab_tables.log",
+    threads: 1
+    script:
+        "../scripts/lab_tables.py"

@@ -1,4 +1,5 @@
-"""Draw one of the report's figures from the rows a rule wrote (which one: params.kind)."""
+"""Draw one of the report's figures from the rows a rule wrote (which one: params.kind), with its
+labels in the report's language (params.language)."""
 from kvlab.lab import figures
 from kvlab.io import read_csv_rows, read_json
 from kvlab.workflow import run
@@ -15,7 +16,7 @@ DRAW = {
 def main(snakemake):
     draw, kind = DRAW[snakemake.params.kind]
     data = read_json(snakemake.input.data) if kind == "json" else read_csv_rows(snakemake.input.data)
-    draw(data, snakemake.output.figure)
+    draw(data, snakemake.output.figure, language=snakemake.params.language)
 
 
 run(snakemake, main)

@@ -1,11 +1,18 @@
 """The report's figures, drawn with matplotlib's Agg backend (no display needed).
 
-Labels are in English: matplotlib's default font has no Hangul glyphs, and a
-figure with empty boxes for letters confuses more than it helps. Each function
-takes the rows a rule wrote and saves one PNG atomically.
+Labels follow the report's language (config `report.language`): English, or Korean
+set in NanumGothic, the Hangul font the `koreanize-matplotlib` package ships (read
+from its folder, so nothing is downloaded and no system font is needed). Glyphs
+NanumGothic lacks (−, µ, ×) fall back to matplotlib's own DejaVu Sans. Each
+function takes the rows a rule wrote and saves one PNG atomically; the PNG's
+Title and Description metadata hold the figure's title and every label drawn.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from contextlib import contextmanager
+from pathlib import Path
 
 import matplotlib
 
@@ -14,195 +21,360 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
 
 from kvlab.io import atomic_path  # noqa: E402
 
-WITH_CACHE = {"color": "tab:blue", "label": "with cache"}
-WITHOUT_CACHE = {"color": "tab:red", "label": "without cache"}
+LANGUAGES = ("ko", "en")
+WITH_CACHE_COLOR = "tab:blue"
+WITHOUT_CACHE_COLOR = "tab:red"
+HANGUL_FONT = "NanumGothic"
+FONT_PACKAGE = "koreanize-matplotlib"
+
+# Every string drawn, by language. The keys are the same in both; {names} are filled in by the caller.
+TEXT = {
+    "en": {
+        "with_cache": "with cache",
+        "without_cache": "without cache",
+        "formula_with": "formula P + N − 1 (linear)",
+        "formula_without": "formula P·N + N(N−1)/2 (quadratic)",
+        "measured_with": "measured, with cache",
+        "measured_without": "measured, without cache",
+        "new_tokens_log": "new tokens N (log scale)",
+        "fed_total_log": "tokens fed to forward, total (log scale)",
+        "work_title": "Work: tokens fed (prompt P = {prompt_len})",
+        "new_tokens": "new tokens N",
+        "median_time": "median generation time (s)",
+        "time_title": "Time: median of the timed runs",
+        "cost_title": "Greedy generation cost with and without the KV cache",
+        "decode_steps": "{mode}: decode steps (TPOT {tpot:.2f} ms)",
+        "prefill_step": "{mode}: first step = prefill (TTFT {ttft:.2f} ms)",
+        "fit_line": "fit (all steps): {fixed:.2f} ms + {per_token:.2f} µs × fed tokens",
+        "context_length": "context length: prompt + tokens generated before the step",
+        "step_time": "forward time per step (ms)",
+        "steps_title": "Time of each generation step ({new_tokens} new tokens, median of {repeats} runs)",
+        "after_prefix": "after lab.topp.prefix",
+        "after_sharp_prefix": "after lab.topp.sharp_prefix",
+        "whole_vocabulary": "whole vocabulary ({vocab_size:,} tokens)",
+        "lab_ps": "the lab sheet's p values",
+        "topp_threshold": "top-p threshold p",
+        "kept_log": "candidate tokens kept (log scale)",
+        "topp_title": "How many next-token candidates MiniMind's top-p rule keeps",
+        "distinct_of": "distinct answers of {samples}",
+        "all_different": "all {samples} different",
+        "temperature": "temperature",
+        "distinct_count": "distinct answers (count)",
+        "distinct_title": "Distinct answers among {samples} samples",
+        "mean_entropy": "mean entropy per sampled token",
+        "uniform_entropy": "uniform pick over the vocabulary: ln {vocab_size:,} = {uniform:.2f}",
+        "entropy_nats": "entropy (nats)",
+        "entropy_title": "Entropy of the distribution each token was drawn from",
+        "temperature_title": "Sampling the SFT model's answer to the lab question at each temperature (same seed)",
+        "token_ratio": "token ratio {ratio:.1f}× (the ceiling)",
+        "measured_speedup": "measured speedup (median times)",
+        "predicted_speedup": "predicted by each model's fixed-cost fit",
+        "parameters_log": "parameters (log scale)",
+        "speedup_log": "speedup from the cache (log scale)",
+        "speedup_title": "Speedup against model size (P = {prompt_len}, N = {new_tokens})",
+        "with": "with",
+        "without": "without",
+        "fixed_part": "fixed part (the fit's intercept)",
+        "per_token_part": "per-token part (× tokens fed)",
+        "step_share": "share of an average step's time (%)",
+        "average_step_title": "An average step with and without the cache (ms on top)",
+        "compare_title": "The same lab, several model sizes: why the speedup grows with size",
+    },
+    "ko": {
+        "with_cache": "캐시 사용",
+        "without_cache": "캐시 없음",
+        "formula_with": "공식 P + N − 1 (선형)",
+        "formula_without": "공식 P·N + N(N−1)/2 (이차)",
+        "measured_with": "측정값, 캐시 사용",
+        "measured_without": "측정값, 캐시 없음",
+        "new_tokens_log": "새 토큰 수 N (로그 눈금)",
+        "fed_total_log": "forward에 넣은 토큰 수 합계 (로그 눈금)",
+        "work_title": "일의 양: 넣은 토큰 수 (프롬프트 P = {prompt_len})",
+        "new_tokens": "새 토큰 수 N",
+        "median_time": "생성 시간 중앙값 (초)",
+        "time_title": "시간: 측정 실행의 중앙값",
+        "cost_title": "KV 캐시를 쓸 때와 안 쓸 때 greedy 생성의 비용",
+        "decode_steps": "{mode}: 디코딩 단계 (TPOT {tpot:.2f} ms)",
+        "prefill_step": "{mode}: 첫 단계 = 프리필 (TTFT {ttft:.2f} ms)",
+        "fit_line": "직선 맞춤 (모든 단계): {fixed:.2f} ms + {per_token:.2f} µs × 넣은 토큰 수",
+        "context_length": "문맥 길이: 프롬프트 + 그 단계 전에 생성한 토큰",
+        "step_time": "단계별 forward 시간 (ms)",
+        "steps_title": "생성 단계별 시간 (새 토큰 {new_tokens}개, {repeats}회 실행의 중앙값)",
+        "after_prefix": "lab.topp.prefix 뒤",
+        "after_sharp_prefix": "lab.topp.sharp_prefix 뒤",
+        "whole_vocabulary": "어휘 전체 ({vocab_size:,}개 토큰)",
+        "lab_ps": "실습지의 p 값",
+        "topp_threshold": "top-p 문턱값 p",
+        "kept_log": "남은 후보 토큰 수 (로그 눈금)",
+        "topp_title": "MiniMind의 top-p 규칙이 남기는 다음 토큰 후보의 수",
+        "distinct_of": "답 {samples}개 중 서로 다른 답",
+        "all_different": "{samples}개 모두 다름",
+        "temperature": "온도",
+        "distinct_count": "서로 다른 답 (개수)",
+        "distinct_title": "샘플 {samples}개 중 서로 다른 답",
+        "mean_entropy": "샘플링한 토큰당 평균 엔트로피",
+        "uniform_entropy": "어휘 전체에서 균등하게 고를 때: ln {vocab_size:,} = {uniform:.2f}",
+        "entropy_nats": "엔트로피 (nats)",
+        "entropy_title": "각 토큰을 뽑은 분포의 엔트로피",
+        "temperature_title": "온도마다 실습 질문에 대한 SFT 모델의 답을 샘플링 (같은 시드)",
+        "token_ratio": "토큰 수 비 {ratio:.1f}× (상한)",
+        "measured_speedup": "측정한 속도 향상 (시간 중앙값)",
+        "predicted_speedup": "모델별 고정 비용 직선 맞춤의 예측",
+        "parameters_log": "파라미터 수 (로그 눈금)",
+        "speedup_log": "캐시로 얻은 속도 향상 (로그 눈금)",
+        "speedup_title": "모델 크기에 따른 속도 향상 (P = {prompt_len}, N = {new_tokens})",
+        "with": "사용",
+        "without": "없음",
+        "fixed_part": "고정 부분 (직선 맞춤의 절편)",
+        "per_token_part": "토큰당 부분 (× 넣은 토큰 수)",
+        "step_share": "평균 한 단계 시간의 비율 (%)",
+        "average_step_title": "캐시를 쓸 때와 안 쓸 때 평균 한 단계 (위 숫자는 ms)",
+        "compare_title": "같은 실습, 여러 모델 크기: 모델이 클수록 속도 향상이 커지는 이유",
+    },
+}
+
+
+def hangul_font_path() -> Path:
+    """NanumGothic.ttf from the koreanize-matplotlib package's folder. The package is found, not
+    imported: importing it would change matplotlib's global settings."""
+    spec = importlib.util.find_spec("koreanize_matplotlib")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"report.language 'ko' draws Hangul with the {FONT_PACKAGE} package: "
+                         f"pip install {FONT_PACKAGE} (or set report.language: en)")
+    path = Path(spec.submodule_search_locations[0]) / "fonts" / f"{HANGUL_FONT}.ttf"
+    if not path.is_file():
+        raise ValueError(f"{path}: the {FONT_PACKAGE} package holds no {HANGUL_FONT}.ttf")
+    return path
+
+
+def font_families(language: str) -> list[str]:
+    """The font list for `language`, first choice first (matplotlib falls back glyph by glyph)."""
+    if language not in LANGUAGES:
+        raise ValueError(f"report.language: {language!r} is not one of {', '.join(LANGUAGES)}")
+    if language == "en":
+        return ["DejaVu Sans"]
+    path = str(hangul_font_path())
+    if path not in {entry.fname for entry in font_manager.fontManager.ttflist}:
+        font_manager.fontManager.addfont(path)
+    return [HANGUL_FONT, "DejaVu Sans"]
+
+
+@contextmanager
+def _drawing(language: str):
+    """Draw in `language`'s fonts; yields the function that looks up a label."""
+    def text(key: str, **values) -> str:
+        return TEXT[language][key].format(**values)
+
+    with plt.rc_context({"font.family": font_families(language), "axes.unicode_minus": True}):
+        yield text
+
+
+def drawn_text(fig) -> tuple[str, list[str]]:
+    """The figure's title (its suptitle, else its first axes' title) and every title, axis label
+    and legend entry drawn on it, in order."""
+    title = fig.get_suptitle()
+    labels = []
+    for ax in fig.axes:
+        labels += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+        legend = ax.get_legend()
+        if legend is not None:
+            labels += [entry.get_text() for entry in legend.get_texts()]
+    labels = [label for label in labels if label]
+    return title or (labels[0] if labels else ""), labels
 
 
 def _save(fig, path) -> None:
+    """Lay out and save `fig` as a PNG whose Title and Description metadata hold its text."""
     fig.tight_layout()
+    title, labels = drawn_text(fig)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+        fig.savefig(tmp, format="png", dpi=120, metadata={"Title": title, "Description": "\n".join(labels)})
     plt.close(fig)
 
 
-def cost_curve(rows: list[dict], path) -> None:
+def cost_curve(rows: list[dict], path, language: str = "en") -> None:
     """Left: tokens fed to forward against N, measured points on both formulas (log-log, so
     the slopes read as growth orders). Right: median generation time against N."""
     n = np.array([row["new_tokens"] for row in rows])
     prompt_len = rows[0]["prompt_len"]
     fine = np.linspace(n.min(), n.max(), 200)
-    fig, (tokens_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+    with _drawing(language) as text:
+        with_cache = {"color": WITH_CACHE_COLOR, "label": text("with_cache")}
+        without_cache = {"color": WITHOUT_CACHE_COLOR, "label": text("without_cache")}
+        fig, (tokens_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
 
-    tokens_ax.plot(fine, prompt_len + fine - 1, color=WITH_CACHE["color"], lw=1.5,
-                   label="formula P + N − 1 (linear)")
-    tokens_ax.plot(fine, prompt_len * fine + fine * (fine - 1) / 2, color=WITHOUT_CACHE["color"], lw=1.5,
-                   label="formula P·N + N(N−1)/2 (quadratic)")
-    tokens_ax.plot(n, [row["fed_with_cache"] for row in rows], "o", color=WITH_CACHE["color"],
-                   label="measured, with cache")
-    tokens_ax.plot(n, [row["fed_without_cache"] for row in rows], "s", color=WITHOUT_CACHE["color"],
-                   label="measured, without cache")
-    tokens_ax.set_xscale("log", base=2)
-    tokens_ax.set_yscale("log")
-    tokens_ax.set_xticks(n, [str(v) for v in n])
-    tokens_ax.set_xlabel("new tokens N (log scale)")
-    tokens_ax.set_ylabel("tokens fed to forward, total (log scale)")
-    tokens_ax.set_title(f"Work: tokens fed (prompt P = {prompt_len})")
-    tokens_ax.grid(True, which="both", alpha=0.3)
-    tokens_ax.legend(fontsize=8)
+        tokens_ax.plot(fine, prompt_len + fine - 1, color=WITH_CACHE_COLOR, lw=1.5, label=text("formula_with"))
+        tokens_ax.plot(fine, prompt_len * fine + fine * (fine - 1) / 2, color=WITHOUT_CACHE_COLOR, lw=1.5,
+                       label=text("formula_without"))
+        tokens_ax.plot(n, [row["fed_with_cache"] for row in rows], "o", color=WITH_CACHE_COLOR,
+                       label=text("measured_with"))
+        tokens_ax.plot(n, [row["fed_without_cache"] for row in rows], "s", color=WITHOUT_CACHE_COLOR,
+                       label=text("measured_without"))
+        tokens_ax.set_xscale("log", base=2)
+        tokens_ax.set_yscale("log")
+        tokens_ax.set_xticks(n, [str(v) for v in n])
+        tokens_ax.set_xlabel(text("new_tokens_log"))
+        tokens_ax.set_ylabel(text("fed_total_log"))
+        tokens_ax.set_title(text("work_title", prompt_len=prompt_len))
+        tokens_ax.grid(True, which="both", alpha=0.3)
+        tokens_ax.legend(fontsize=8)
 
-    time_ax.plot(n, [row["with_cache_s"] for row in rows], "o-", **WITH_CACHE)
-    time_ax.plot(n, [row["without_cache_s"] for row in rows], "s-", **WITHOUT_CACHE)
-    time_ax.set_xlabel("new tokens N")
-    time_ax.set_ylabel("median generation time (s)")
-    time_ax.set_title("Time: median of the timed runs")
-    time_ax.grid(True, alpha=0.3)
-    time_ax.legend(fontsize=8)
-    fig.suptitle("Greedy generation cost with and without the KV cache")
-    _save(fig, path)
+        time_ax.plot(n, [row["with_cache_s"] for row in rows], "o-", **with_cache)
+        time_ax.plot(n, [row["without_cache_s"] for row in rows], "s-", **without_cache)
+        time_ax.set_xlabel(text("new_tokens"))
+        time_ax.set_ylabel(text("median_time"))
+        time_ax.set_title(text("time_title"))
+        time_ax.grid(True, alpha=0.3)
+        time_ax.legend(fontsize=8)
+        fig.suptitle(text("cost_title"))
+        _save(fig, path)
 
 
-def latency_curve(latency: dict, path) -> None:
+def latency_curve(latency: dict, path, language: str = "en") -> None:
     """Step time against the context the step attends over, both modes, with the fitted line."""
-    fig, ax = plt.subplots(figsize=(11, 4.8))
-    for label, style, marker in (("without_cache", WITHOUT_CACHE, "s"), ("with_cache", WITH_CACHE, "o")):
-        mode = latency[label]
-        ms = np.array(mode["step_s"]) * 1000
-        ax.plot(mode["context_tokens"][1:], ms[1:], marker, ms=4, color=style["color"],
-                label=f"{style['label']}: decode steps (TPOT {mode['tpot_s'] * 1000:.2f} ms)")
-        ax.plot(mode["context_tokens"][:1], ms[:1], marker, ms=11, mfc="none", mew=2, color=style["color"],
-                label=f"{style['label']}: first step = prefill (TTFT {mode['ttft_s'] * 1000:.2f} ms)")
-    fit = latency["fit"]
-    context = np.array(latency["without_cache"]["context_tokens"])
-    ax.plot(context, (fit["fixed_s"] + fit["per_token_s"] * context) * 1000, "k--", lw=1,
-            label=f"fit (all steps): {fit['fixed_s'] * 1000:.2f} ms + {fit['per_token_s'] * 1e6:.2f} µs × fed tokens")
-    ax.set_xlabel("context length: prompt + tokens generated before the step")
-    ax.set_ylabel("forward time per step (ms)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Time of each generation step ({latency['new_tokens']} new tokens, "
-                 f"median of {latency['repeats']} runs)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    _save(fig, path)
+    with _drawing(language) as text:
+        fig, ax = plt.subplots(figsize=(11, 4.8))
+        for label, color, marker in (("without_cache", WITHOUT_CACHE_COLOR, "s"),
+                                     ("with_cache", WITH_CACHE_COLOR, "o")):
+            mode = latency[label]
+            ms = np.array(mode["step_s"]) * 1000
+            ax.plot(mode["context_tokens"][1:], ms[1:], marker, ms=4, color=color,
+                    label=text("decode_steps", mode=text(label), tpot=mode["tpot_s"] * 1000))
+            ax.plot(mode["context_tokens"][:1], ms[:1], marker, ms=11, mfc="none", mew=2, color=color,
+                    label=text("prefill_step", mode=text(label), ttft=mode["ttft_s"] * 1000))
+        fit = latency["fit"]
+        context = np.array(latency["without_cache"]["context_tokens"])
+        ax.plot(context, (fit["fixed_s"] + fit["per_token_s"] * context) * 1000, "k--", lw=1,
+                label=text("fit_line", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6))
+        ax.set_xlabel(text("context_length"))
+        ax.set_ylabel(text("step_time"))
+        ax.set_ylim(bottom=0)
+        ax.set_title(text("steps_title", new_tokens=latency["new_tokens"], repeats=latency["repeats"]))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        _save(fig, path)
 
 
-def topp_curve(rows: list[dict], path) -> None:
+def topp_curve(rows: list[dict], path, language: str = "en") -> None:
     """Survivors of top-p against p, after each of the two prefixes; the whole vocabulary as a
     ceiling, and the lab sheet's p values marked. The legend names the prefixes by their config
     keys only: which of them leaves more candidates is for the data to show, not the label."""
     ps = [row["p"] for row in rows]
     vocab_size = rows[0]["vocab_size"]
     marked_ps = [row["p"] for row in rows if row["lab_p"]]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    ax.plot(ps, [row["flat"] for row in rows], "o-", color="tab:green", ms=4,
-            label="after lab.topp.prefix")
-    ax.plot(ps, [row["sharp"] for row in rows], "s-", color="tab:purple", ms=4,
-            label="after lab.topp.sharp_prefix")
-    ax.axhline(vocab_size, color="grey", ls=":", lw=1, label=f"whole vocabulary ({vocab_size:,} tokens)")
-    for index, p in enumerate(marked_ps):
-        ax.axvline(p, color="grey", ls="--", lw=0.8, alpha=0.6, label="the lab sheet's p values" if index == 0 else None)
-    ax.set_yscale("log")
-    ax.set_xlabel("top-p threshold p")
-    ax.set_ylabel("candidate tokens kept (log scale)")
-    ax.set_title("How many next-token candidates MiniMind's top-p rule keeps")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left")
-    _save(fig, path)
+    with _drawing(language) as text:
+        fig, ax = plt.subplots(figsize=(7.5, 4.5))
+        ax.plot(ps, [row["flat"] for row in rows], "o-", color="tab:green", ms=4, label=text("after_prefix"))
+        ax.plot(ps, [row["sharp"] for row in rows], "s-", color="tab:purple", ms=4, label=text("after_sharp_prefix"))
+        ax.axhline(vocab_size, color="grey", ls=":", lw=1, label=text("whole_vocabulary", vocab_size=vocab_size))
+        for index, p in enumerate(marked_ps):
+            ax.axvline(p, color="grey", ls="--", lw=0.8, alpha=0.6, label=text("lab_ps") if index == 0 else None)
+        ax.set_yscale("log")
+        ax.set_xlabel(text("topp_threshold"))
+        ax.set_ylabel(text("kept_log"))
+        ax.set_title(text("topp_title"))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=9, loc="upper left")
+        _save(fig, path)
 
 
-def temperature_curve(rows: list[dict], path) -> None:
+def temperature_curve(rows: list[dict], path, language: str = "en") -> None:
     """Left: distinct answers against temperature, up to all of them. Right: the mean entropy
     of the distributions the tokens were drawn from, up to that of a uniform pick."""
     temperatures = [row["temperature"] for row in rows]
     samples = rows[0]["samples"]
     vocab_size = rows[0]["vocab_size"]
     uniform = float(np.log(vocab_size))
-    fig, (distinct_ax, entropy_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    with _drawing(language) as text:
+        fig, (distinct_ax, entropy_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
 
-    distinct_ax.plot(temperatures, [row["distinct"] for row in rows], "o-", color="tab:orange",
-                     label=f"distinct answers of {samples}")
-    distinct_ax.axhline(samples, color="grey", ls=":", lw=1, label=f"all {samples} different")
-    distinct_ax.set_ylim(0, samples * 1.1)
-    distinct_ax.set_xlabel("temperature")
-    distinct_ax.set_ylabel("distinct answers (count)")
-    distinct_ax.set_title(f"Distinct answers among {samples} samples")
-    distinct_ax.grid(True, alpha=0.3)
-    distinct_ax.legend(loc="lower right", fontsize=9)
+        distinct_ax.plot(temperatures, [row["distinct"] for row in rows], "o-", color="tab:orange",
+                         label=text("distinct_of", samples=samples))
+        distinct_ax.axhline(samples, color="grey", ls=":", lw=1, label=text("all_different", samples=samples))
+        distinct_ax.set_ylim(0, samples * 1.1)
+        distinct_ax.set_xlabel(text("temperature"))
+        distinct_ax.set_ylabel(text("distinct_count"))
+        distinct_ax.set_title(text("distinct_title", samples=samples))
+        distinct_ax.grid(True, alpha=0.3)
+        distinct_ax.legend(loc="lower right", fontsize=9)
 
-    entropy_ax.plot(temperatures, [row["mean_entropy_nats"] for row in rows], "^-", color="tab:cyan",
-                    label="mean entropy per sampled token")
-    entropy_ax.axhline(uniform, color="grey", ls=":", lw=1,
-                       label=f"uniform pick over the vocabulary: ln {vocab_size:,} = {uniform:.2f}")
-    entropy_ax.set_ylim(0, uniform * 1.1)
-    entropy_ax.set_xlabel("temperature")
-    entropy_ax.set_ylabel("entropy (nats)")
-    entropy_ax.set_title("Entropy of the distribution each token was drawn from")
-    entropy_ax.grid(True, alpha=0.3)
-    entropy_ax.legend(loc="center left", fontsize=9)
-    fig.suptitle("Sampling the SFT model's answer to the lab question at each temperature (same seed)")
-    _save(fig, path)
+        entropy_ax.plot(temperatures, [row["mean_entropy_nats"] for row in rows], "^-", color="tab:cyan",
+                        label=text("mean_entropy"))
+        entropy_ax.axhline(uniform, color="grey", ls=":", lw=1,
+                           label=text("uniform_entropy", vocab_size=vocab_size, uniform=uniform))
+        entropy_ax.set_ylim(0, uniform * 1.1)
+        entropy_ax.set_xlabel(text("temperature"))
+        entropy_ax.set_ylabel(text("entropy_nats"))
+        entropy_ax.set_title(text("entropy_title"))
+        entropy_ax.grid(True, alpha=0.3)
+        entropy_ax.legend(loc="center left", fontsize=9)
+        fig.suptitle(text("temperature_title"))
+        _save(fig, path)
 
 
-def compare_curve(rows: list[dict], path) -> None:
+def compare_curve(rows: list[dict], path, language: str = "en") -> None:
     """Left: measured and predicted speedup against parameter count (log x), under the token ratio.
     Right: an average step of each mode (one token fed with the cache, P + (N-1)/2 without) split into
     the fit's fixed and per-token parts, as shares of the step's time (total in ms on top)."""
     params = np.array([row["parameters"] for row in rows], dtype=float)
     names = [row["name"] for row in rows]
-    fig, (speed_ax, split_ax) = plt.subplots(1, 2, figsize=(11.5, 4.6))
+    with _drawing(language) as text:
+        fig, (speed_ax, split_ax) = plt.subplots(1, 2, figsize=(11.5, 4.6))
 
-    ratios = sorted({round(row["token_ratio"], 6) for row in rows})
-    for index, ratio in enumerate(ratios):
-        speed_ax.axhline(ratio, color="grey", ls=":", lw=1.2,
-                         label=f"token ratio {ratio:.1f}× (the ceiling)" if index == 0 else None)
-    speed_ax.plot(params, [row["speedup"] for row in rows], "o-", color="tab:blue", ms=7,
-                  label="measured speedup (median times)")
-    speed_ax.plot(params, [row["predicted_speedup"] for row in rows], "D", color="tab:orange", ms=6, mfc="none",
-                  mew=1.5, label="predicted by each model's fixed-cost fit")
-    for x, y, name in zip(params, [row["speedup"] for row in rows], names):
-        speed_ax.annotate(name, (x, y), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
-    speed_ax.set_xscale("log")
-    speed_ax.set_yscale("log")
-    speed_ax.set_xlim(params.min() / 2.5, params.max() * 2.5)
-    speed_ax.set_ylim(1, max(ratios) * 1.6)
-    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= max(ratios) * 1.6]
-    speed_ax.set_yticks(ticks, [f"{t}×" for t in ticks])
-    speed_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    speed_ax.set_xlabel("parameters (log scale)")
-    speed_ax.set_ylabel("speedup from the cache (log scale)")
-    speed_ax.set_title(f"Speedup against model size (P = {rows[0]['prompt_len']}, N = {rows[0]['new_tokens']})")
-    speed_ax.grid(True, which="both", alpha=0.3)
-    speed_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.84))
+        ratios = sorted({round(row["token_ratio"], 6) for row in rows})
+        for index, ratio in enumerate(ratios):
+            speed_ax.axhline(ratio, color="grey", ls=":", lw=1.2,
+                             label=text("token_ratio", ratio=ratio) if index == 0 else None)
+        speed_ax.plot(params, [row["speedup"] for row in rows], "o-", color="tab:blue", ms=7,
+                      label=text("measured_speedup"))
+        speed_ax.plot(params, [row["predicted_speedup"] for row in rows], "D", color="tab:orange", ms=6, mfc="none",
+                      mew=1.5, label=text("predicted_speedup"))
+        for x, y, name in zip(params, [row["speedup"] for row in rows], names):
+            speed_ax.annotate(name, (x, y), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
+        speed_ax.set_xscale("log")
+        speed_ax.set_yscale("log")
+        speed_ax.set_xlim(params.min() / 2.5, params.max() * 2.5)
+        speed_ax.set_ylim(1, max(ratios) * 1.6)
+        ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= max(ratios) * 1.6]
+        speed_ax.set_yticks(ticks, [f"{t}×" for t in ticks])
+        speed_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        speed_ax.set_xlabel(text("parameters_log"))
+        speed_ax.set_ylabel(text("speedup_log"))
+        speed_ax.set_title(text("speedup_title", prompt_len=rows[0]["prompt_len"], new_tokens=rows[0]["new_tokens"]))
+        speed_ax.grid(True, which="both", alpha=0.3)
+        speed_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.84))
 
-    # an average step of each mode: one token fed with the cache, P + (N - 1) / 2 without
-    positions = np.arange(len(rows))
-    width = 0.38
-    modes = ((-width / 2, "with", lambda row: 1.0),
-             (width / 2, "without", lambda row: row["prompt_len"] + (row["new_tokens"] - 1) / 2))
-    for offset, label, fed_of in modes:
-        fixed = np.array([row["fit_fixed_s"] for row in rows]) * 1000
-        per_token = np.array([row["fit_per_token_s"] * fed_of(row) for row in rows]) * 1000
-        total = fixed + per_token
-        fixed_share = np.where(total > 0, fixed / total, np.nan) * 100
-        split_ax.bar(positions + offset, fixed_share, width, color="tab:grey",
-                     label="fixed part (the fit's intercept)" if offset < 0 else None)
-        split_ax.bar(positions + offset, 100 - fixed_share, width, bottom=fixed_share, color="tab:green",
-                     label="per-token part (× tokens fed)" if offset < 0 else None)
-        for x, ms in zip(positions + offset, total):
-            split_ax.annotate(f"{ms:.1f} ms", (x, 100), textcoords="offset points", xytext=(0, 3),
-                              ha="center", fontsize=7)
-    bar_positions = [x + offset for x in positions for offset, _, _ in modes]
-    split_ax.set_xticks(bar_positions, [label for _ in positions for _, label, _ in modes], fontsize=7)
-    for x, name in zip(positions, names):
-        split_ax.annotate(name, (x, 0), xycoords=("data", "axes fraction"), textcoords="offset points",
-                          xytext=(0, -24), ha="center", fontsize=8)
-    split_ax.set_ylim(0, 112)
-    split_ax.set_yticks([0, 25, 50, 75, 100])
-    split_ax.set_ylabel("share of an average step's time (%)")
-    split_ax.set_title("An average step with and without the cache (ms on top)")
-    split_ax.grid(True, axis="y", alpha=0.3)
-    split_ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
-    fig.suptitle("The same lab, several model sizes: why the speedup grows with size")
-    _save(fig, path)
+        # an average step of each mode: one token fed with the cache, P + (N - 1) / 2 without
+        positions = np.arange(len(rows))
+        width = 0.38
+        modes = ((-width / 2, text("with"), lambda row: 1.0),
+                 (width / 2, text("without"), lambda row: row["prompt_len"] + (row["new_tokens"] - 1) / 2))
+        for offset, label, fed_of in modes:
+            fixed = np.array([row["fit_fixed_s"] for row in rows]) * 1000
+            per_token = np.array([row["fit_per_token_s"] * fed_of(row) for row in rows]) * 1000
+            total = fixed + per_token
+            fixed_share = np.where(total > 0, fixed / total, np.nan) * 100
+            split_ax.bar(positions + offset, fixed_share, width, color="tab:grey",
+                         label=text("fixed_part") if offset < 0 else None)
+            split_ax.bar(positions + offset, 100 - fixed_share, width, bottom=fixed_share, color="tab:green",
+                         label=text("per_token_part") if offset < 0 else None)
+            for x, ms in zip(positions + offset, total):
+                split_ax.annotate(f"{ms:.1f} ms", (x, 100), textcoords="offset points", xytext=(0, 3),
+                                  ha="center", fontsize=7)
+        bar_positions = [x + offset for x in positions for offset, _, _ in modes]
+        split_ax.set_xticks(bar_positions, [label for _ in positions for _, label, _ in modes], fontsize=7)
+        for x, name in zip(positions, names):
+            split_ax.annotate(name, (x, 0), xycoords=("data", "axes fraction"), textcoords="offset points",
+                              xytext=(0, -24), ha="center", fontsize=8)
+        split_ax.set_ylim(0, 112)
+        split_ax.set_yticks([0, 25, 50, 75, 100])
+        split_ax.set_ylabel(text("step_share"))
+        split_ax.set_title(text("average_step_title"))
+        split_ax.grid(True, axis="y", alpha=0.3)
+        split_ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+        fig.suptitle(text("compare_title"))
+        _save(fig, path)
