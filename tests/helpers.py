@@ -1,5 +1,6 @@
 """Small builders shared by the tests."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,11 +38,12 @@ SMALL_LAB = {
 }
 
 
-def snakemake_cmd(workdir, *args, config=None) -> list[str]:
-    """The command that runs the real workflow in `workdir` with `args` (flags, targets),
-    `config` (a dict) layered over config.yaml."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--cores", "2", *args]
+def snakemake_cmd(workdir, *args, config=None, cores=2, snakefile=None) -> list[str]:
+    """The command that runs the real workflow (or the one at `snakefile`) in `workdir` with `args`
+    (flags, targets), `config` (a dict) layered over config.yaml; `cores=None` gives no --cores."""
+    snakefile = snakefile or ROOT / "Snakefile"
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
+           *(["--cores", str(cores)] if cores else []), *args]
     if config:  # last: --configfile takes every word after it
         config_file = workdir / "test-config.yaml"
         config_file.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")  # JSON is YAML
@@ -49,9 +51,10 @@ def snakemake_cmd(workdir, *args, config=None) -> list[str]:
     return cmd
 
 
-def snakemake(workdir, *args, config=None, check=True):
+def snakemake(workdir, *args, config=None, check=True, cores=2, snakefile=None):
     """Run the workflow; returns the CompletedProcess (asserting success when `check`)."""
-    result = subprocess.run(snakemake_cmd(workdir, *args, config=config), capture_output=True, text=True, cwd=workdir)
+    result = subprocess.run(snakemake_cmd(workdir, *args, config=config, cores=cores, snakefile=snakefile),
+                            capture_output=True, text=True, cwd=workdir)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
@@ -76,3 +79,20 @@ def course_config(course, **lab_changes):
     models to compare but the lab's own (tests/test_compare.py adds some)."""
     lab = {step: {**knobs, **lab_changes.get(step, {})} for step, knobs in SMALL_LAB.items()}
     return {**{key: str(path) for key, path in course.items()}, "lab": lab, "extras": SMALL_EXTRAS, "compare": []}
+
+
+# The files a clone needs to run the workflow (the kvlab package is imported from the installed one).
+WORKFLOW_FILES = ("Snakefile", "config.yaml", "rules", "scripts", "templates", "schemas", "report")
+
+
+def copy_workflow(dest: Path) -> Path:
+    """A copy of the workflow's own files in `dest`, as a fresh clone has them (no results)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, dest / name)
+    (dest / "docs").mkdir(exist_ok=True)
+    return dest

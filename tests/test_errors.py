@@ -55,20 +55,51 @@ BAD_CONFIGS = [
 def test_bad_config_is_refused_before_any_job(tmp_path, config, needle):
     result = snakemake(tmp_path, "-n", config=config, check=False)
     assert result.returncode != 0
-    line = error_line(result, needle)
+    line = assert_one_line_alone(result, needle)
     assert "config" in line
     assert not (tmp_path / "results").exists()
 
 
+def assert_one_line_alone(result, needle):
+    """The run stopped with the line that names the problem and nothing else: no traceback, no
+    Snakemake exception dump (Snakemake's note that --configfile extends config.yaml may precede)."""
+    line = error_line(result, needle)
+    lines = [text for text in (result.stdout + result.stderr).splitlines()
+             if text.strip() and "is extended by additional config" not in text]
+    assert lines == [line], "\n".join(lines)
+    return line
+
+
 @pytest.mark.parametrize("key", ["pretrain", "sft", "val_data", "tokenizer"])
-def test_missing_configured_path_names_key_and_path(tmp_path, course, key):
+@pytest.mark.parametrize("flag", ["-n", "--rulegraph"])
+def test_missing_configured_path_names_key_and_path(tmp_path, course, key, flag):
+    """Checked once, before the DAG: the tokenizer folder too (its files come from an input function,
+    whose error Snakemake would wrap in an InputFunctionException with a traceback)."""
     config = course_config(course)
     config[key] = str(tmp_path / "nowhere" / "file")
+    result = snakemake(tmp_path, flag, config=config, check=False)
+    assert result.returncode != 0
+    line = assert_one_line_alone(result, f"config key '{key}'")
+    assert line.startswith(f"config key '{key}'") and str(tmp_path / "nowhere") in line
+    assert not (tmp_path / "results").exists()
+
+
+def test_tokenizer_folder_without_tokenizer_json(tmp_path, course):
+    config = course_config(course)
+    config["tokenizer"] = str(tmp_path)  # a folder, but not a tokenizer's
     result = snakemake(tmp_path, "-n", config=config, check=False)
     assert result.returncode != 0
-    line = error_line(result, f"config key '{key}'")
-    assert str(tmp_path / "nowhere") in line
-    assert not (tmp_path / "results").exists()
+    line = assert_one_line_alone(result, "config key 'tokenizer'")
+    assert f"{tmp_path} is not a folder with a tokenizer.json" in line
+
+
+def test_missing_folder_to_check_names_key_and_path(tmp_path, course):
+    config = course_config(course)
+    config["extras"] = {**config["extras"], "check": {"results_dir": str(tmp_path / "student")}}
+    result = snakemake(tmp_path, "-n", "check", config=config, check=False)
+    assert result.returncode != 0
+    line = assert_one_line_alone(result, "config key 'extras.check.results_dir'")
+    assert str(tmp_path / "student") in line
 
 
 # --- checkpoints -------------------------------------------------------------------------------

@@ -1,14 +1,18 @@
 """The lab as a DAG, with a user's own course files (random weights, tiny sizes):
 every file contract against the formulas for this run's P and N, targeted builds, reruns."""
 import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
+import yaml
 
 from kvlab.lab.formulas import fed_formulas
 from kvlab.engine.tokenizer import load_tokenizer
 
-from helpers import course_config, snakemake
+from helpers import copy_workflow, course_config, snakemake
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory, course):
@@ -90,9 +94,9 @@ def test_nothing_left_to_do_after_a_build(built, course):
     assert "Nothing to be done" in dry.stdout + dry.stderr
 
 
-def dry_run_jobs(workdir, *targets, config=None):
+def dry_run_jobs(workdir, *targets, config=None, snakefile=None):
     """{rule: count} from the "Job stats" table of a dry run."""
-    result = snakemake(workdir, "-n", *targets, config=config)
+    result = snakemake(workdir, "-n", *targets, config=config, snakefile=snakefile)
     lines = (result.stdout + result.stderr).splitlines()
     if not any(line.startswith("Job stats:") for line in lines):
         return {}
@@ -120,6 +124,43 @@ def test_changing_temperatures_reruns_only_temp_and_report(built, course):
     assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "check": 1, "all": 1}
 
 
+def test_params_compare_by_value(built, course):
+    """Key order, comments and how a number is written are not changes: a dry run after
+    rewriting the config that way has nothing to do."""
+    config = course_config(course)
+    # the same architecture with its keys in reverse order (kv_capacity's params hold this dict)
+    config["extras"]["capacity"]["architectures"] = [dict(reversed(arch.items()))
+                                                     for arch in config["extras"]["capacity"]["architectures"]]
+    config["lab"] = dict(reversed(config["lab"].items()))
+    assert dry_run_jobs(built, config=config) == {}
+    # YAML as a person edits it: comments, 0.30 for 0.3, 1.50 for 1.5
+    text = yaml.safe_dump(course_config(course), allow_unicode=True, sort_keys=False)
+    assert "- 0.3\n" in text and "- 1.5\n" in text
+    text = "# my copy of the lab's config\n" + text.replace("- 0.3\n", "- 0.30  # the sheet's lowest\n")
+    text = text.replace("- 1.5\n", "- 1.50\n")
+    edited = built / "edited.yaml"
+    edited.write_text(text, encoding="utf-8")
+    result = snakemake(built, "-n", "--configfile", str(edited))
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
+
+
+def test_a_copied_build_reruns_nothing(tmp_path, course):
+    """A clone that built everything, copied (times kept) to another folder, has nothing to rerun:
+    no job's recorded inputs name the folder the workflow was in."""
+    first = copy_workflow(tmp_path / "first" / "kvlab")
+    config_file = tmp_path / "course.yaml"
+    config_file.write_text(json.dumps(course_config(course), ensure_ascii=False), encoding="utf-8")
+    command = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config_file)]
+    build = subprocess.run(command, cwd=first, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    second = tmp_path / "second" / "kvlab"
+    shutil.copytree(first, second, symlinks=True)
+    shutil.rmtree(first)
+    dry = subprocess.run([*command, "-n"], cwd=second, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "Nothing to be done" in dry.stdout + dry.stderr, (dry.stdout + dry.stderr)[-3000:]
+
+
 def test_dag_prints_a_graph(tmp_path, course):
     dag = snakemake(tmp_path, "--dag", config=course_config(course)).stdout
     assert dag.lstrip().startswith("digraph") and "topp" in dag and "report" in dag
@@ -135,12 +176,30 @@ TINY_DEFAULT_MODEL = {
 }
 
 
+def reorder_model_block(config_text: str) -> str:
+    """config.yaml with the keys of default_model.model in reverse order, a comment added to the
+    block and the pretraining lr written with a trailing zero: the same values."""
+    lines = config_text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("  model:")) + 1
+    end = start
+    while lines[end].startswith("    "):
+        end += 1
+    assert end - start >= 4, "default_model.model should spell out its architecture"
+    block = ["    # the same architecture, keys in another order\n", *reversed(lines[start:end])]
+    edited = "".join(lines[:start] + block + lines[end:])
+    assert "    lr: 0.006\n" in edited
+    return edited.replace("    lr: 0.006\n", "    lr: 0.0060\n", 1)
+
+
 def test_embedded_default_builds_everything_with_a_tiny_budget(tmp_path):
     """World 1: no course files. The default's own rules (corpus, tokenizer, pretrain, sft) run with
-    a tiny training budget, then the whole lab on their outputs."""
+    a tiny training budget, then the whole lab on their outputs. Then config.yaml is edited without
+    changing a value (keys reordered, a comment, 0.0060 for 0.006): nothing reruns."""
     config = course_config({}) | {"default_model": TINY_DEFAULT_MODEL}
-    snakemake(tmp_path, config=config)
-    default = tmp_path / "results" / "default"
+    workdir = copy_workflow(tmp_path / "kvlab")
+    snakefile = workdir / "Snakefile"
+    snakemake(workdir, config=config, snakefile=snakefile)
+    default = workdir / "results" / "default"
     state = torch.load(default / "pretrain.pth", weights_only=True)
     assert all(t.dtype == torch.float16 for t in state.values())
     assert "model.layers.3.self_attn.k_norm.weight" in state and "lm_head.weight" in state
@@ -148,13 +207,21 @@ def test_embedded_default_builds_everything_with_a_tiny_budget(tmp_path):
     assert metrics["val_loss"] > 0
     val_lines = (default / "corpus" / "pretrain_val.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(val_lines) == 10
-    prompt, count, kv = load(tmp_path, "prompt"), load(tmp_path, "count"), load(tmp_path, "kvbytes")
+    prompt, count, kv = load(workdir, "prompt"), load(workdir, "count"), load(workdir, "kvbytes")
     assert prompt["text"] == " ".join(json.loads(line)["text"] for line in val_lines[:3])
     p, n = count["prompt_len"], count["new_tokens"]
     assert count["fed_with_cache"] == p + n - 1 and count["fed_without_cache"] == p * n + n * (n - 1) // 2
     assert kv["measured_bytes"] == kv["formula_bytes"] == 2 * 4 * 12 * 2 * 32 * 4
-    assert load(tmp_path, "same")["same_ids"] is True
-    assert "## top-p" in (tmp_path / "results" / "report.md").read_text(encoding="utf-8")
+    assert load(workdir, "same")["same_ids"] is True
+    assert "## top-p" in (workdir / "results" / "report.md").read_text(encoding="utf-8")
+
+    config_yaml = workdir / "config.yaml"
+    original = config_yaml.read_text(encoding="utf-8")
+    config_yaml.write_text(reorder_model_block(original), encoding="utf-8")
+    assert dry_run_jobs(workdir, config=config, snakefile=snakefile) == {}
+    # while a real change retrains from pretrain on
+    config_yaml.write_text(original.replace("    lr: 0.006\n", "    lr: 0.005\n", 1), encoding="utf-8")
+    assert {"pretrain", "sft"} <= set(dry_run_jobs(workdir, config=config, snakefile=snakefile))
 
 
 def test_english_report_keeps_the_headings(built, course):
