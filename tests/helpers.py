@@ -60,6 +60,22 @@ def snakemake(workdir, *args, config=None, check=True, cores=2, snakefile=None):
     return result
 
 
+def dry_run_jobs(workdir, *targets, config=None, snakefile=None):
+    """{rule: count} from the "Job stats" table of a dry run."""
+    result = snakemake(workdir, "-n", *targets, config=config, snakefile=snakefile)
+    lines = (result.stdout + result.stderr).splitlines()
+    if not any(line.startswith("Job stats:") for line in lines):
+        return {}
+    table = lines[[i for i, line in enumerate(lines) if line.startswith("Job stats:")][0] + 3 :]
+    jobs = {}
+    for line in table:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
 TINY_ARCH = {"name": "tiny GQA", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "vocab_size": 300}
 # The steps beyond the lab sheet (rules/extras.smk), as small.

@@ -1,22 +1,29 @@
 """Beyond the lab sheet (rules/extras.smk): the curves against the lab's own files and formulas,
 the capacity arithmetic, the figures and report sections, and the self-check on a good folder
 and on a folder with one number altered. One tiny build, shared by the module."""
+import base64
 import json
 import math
+import re
 import shutil
 import statistics
+import tomllib
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from matplotlib import font_manager
+from PIL import Image
 
-from kvlab.lab import check, curves, steps
+from kvlab.lab import check, curves, figures, steps, tables
 from kvlab.lab.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.model import MiniMindConfig
 from kvlab.lab.formulas import fed_formulas
 
-from helpers import SMALL_LAB, TINY_ARCH, course_config, random_model, snakemake
+from helpers import ROOT, SMALL_LAB, TINY_ARCH, course_config, dry_run_jobs, random_model, snakemake
 
 def extras_config(course, **extras):
     config = course_config(course)
@@ -136,13 +143,143 @@ def test_figures_are_pngs_linked_from_the_report(built):
 
 
 def test_html_report_holds_every_marked_result(built, course):
-    snakemake(built.parent, "--report", "results/report.html", config=extras_config(course))
+    """The README's command as printed: no --cores."""
+    snakemake(built.parent, "--report", "results/report.html", config=extras_config(course), cores=None)
     html = (built / "report.html").read_text(encoding="utf-8")
     for name in ("same.json", "count.json", "time.json", "kvbytes.json", "temp.json", "topp.json",
                  "report.md", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv", "temp_curve.csv",
-                 "cost_curves.png", "step_times.png", "topp_survivors.png", "temperature_effect.png"):
+                 "cost_curves.png", "step_times.png", "topp_survivors.png", "temperature_effect.png",
+                 "lab_tables.html"):
         assert name in html
     assert "Beyond the lab" in html and "Lab sheet" in html
+
+
+def embedded_result(html: str, path: str) -> tuple[str, str]:
+    """The mime type and the decoded content of one result embedded in the HTML report."""
+    results = json.loads(re.search(r"var results = (\{.*?\});\n", html).group(1))
+    entry = results[path]
+    header, payload = entry["data_uri"].split(",", 1)
+    return entry["mime_type"], base64.b64decode(payload).decode("utf-8")
+
+
+def test_html_report_shows_every_lab_result_in_the_page(built, course):
+    """The sheet's six files are readable in the report: lab_tables.html, an HTML page the report
+    embeds and shows, holds each file's keys with their values."""
+    snakemake(built.parent, "--report", "results/report.html", config=extras_config(course), cores=None)
+    mime, page = embedded_result((built / "report.html").read_text(encoding="utf-8"), "results/lab_tables.html")
+    assert mime == "text/html"
+    count = load(built, "count.json")
+    formulas = fed_formulas(count["prompt_len"], count["new_tokens"])
+    for stem in ("same", "count", "time", "kvbytes", "temp", "topp"):
+        data = load(built, f"{stem}.json")
+        table = page.split(f'<table id="{stem}.json">')[1].split("</table>")[0]
+        for key, value in data.items():
+            assert f"<code>{key}</code></td><td class=\"value\">{tables.cell(value)}</td>" in table, (stem, key)
+    assert f"{count['fed_without_cache']:,}" in page and f"{formulas['without_cache']:,}" in page
+    assert f"{load(built, 'kvbytes.json')['measured_bytes']:,}" in page
+
+
+def test_cell_formats():
+    assert tables.cell(14880) == "14,880" and tables.cell(True) == "true" and tables.cell([1, 100, 2, 32]) == "[1, 100, 2, 32]"
+    assert tables.cell({"distinct": 3}) == "3" and tables.cell(0.123456789) == "0.123457"
+    assert tables.cell("<b>") == '"<b>"'  # escaped by the template, not here
+
+
+def test_lab_tables_escape_html(tmp_path):
+    """A value that looks like markup is shown as text: the template autoescapes."""
+    paths = {}
+    for stem, data in {"same": {"same_ids": True, "ids": [1], "prompt_len": 3, "new_tokens": 1},
+                       "count": {"prompt_len": 3, "new_tokens": 1, "fed_with_cache": 3, "fed_without_cache": 3},
+                       "time": {"with_cache_s": 1.0, "without_cache_s": 2.0, "speedup": 2.0},
+                       "kvbytes": {"tokens": 1, "measured_bytes": 8, "formula_bytes": 8, "k_shape": [1, 1, 1, 1]},
+                       "temp": {"<script>": {"distinct": 1}}, "topp": {"0.5": 1}}.items():
+        paths[stem] = tmp_path / f"{stem}.json"
+        paths[stem].write_text(json.dumps(data), encoding="utf-8")
+    page = tables.render_tables(ROOT / "templates" / "lab_tables.html.j2", paths)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+@pytest.mark.parametrize("command", [["--report", "results/report.html"], ["--dag"], ["--rulegraph"], ["--lint"],
+                                     ["-n"], ["--summary"]])
+def test_commands_that_run_no_job_need_no_cores(built, course, command):
+    """As a newcomer types them after a build: no --cores (the timing rules' threads used to need it)."""
+    result = snakemake(built.parent, *command, config=extras_config(course), cores=None, check=False)
+    output = result.stdout + result.stderr
+    assert "number of cores" not in output and "Traceback" not in output, output[-3000:]
+    if command == ["--lint"]:
+        # --lint exits 1 when it has advice; the only advice may be the one this pip-installed
+        # workflow does not take (a conda environment or container per rule)
+        advice = {line.strip() for line in output.splitlines() if line.startswith("    * ")}
+        assert advice == {"* Specify a conda environment or container for each rule.:"}, output[-3000:]
+    else:
+        assert result.returncode == 0, output[-3000:]
+
+
+def test_the_report_tools_come_with_the_plain_install():
+    """`pip install -e .` (no extras) brings what `snakemake --report` and the Korean figures need."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower() for requirement in project["dependencies"]}
+    assert {"pygments", "jinja2", "koreanize-matplotlib"} <= names, names
+
+
+# --- the figures' language --------------------------------------------------------------------------
+
+HANGUL = re.compile("[\uac00-\ud7a3]")
+
+
+def png_text(path) -> dict:
+    with Image.open(path) as image:
+        return dict(image.text)
+
+
+def test_figures_are_korean_in_a_korean_build(built):
+    """report.language ko (config.yaml's): titles, axes and legends in Hangul, drawn in NanumGothic,
+    and no glyph missing from the fonts in any figure's log."""
+    for name in ("cost_curves", "step_times", "topp_survivors", "temperature_effect"):
+        text = png_text(built / "figures" / f"{name}.png")
+        assert HANGUL.search(text["Title"]) and HANGUL.search(text["Description"]), (name, text)
+        log = (built / "logs" / f"figure_{name}.log").read_text(encoding="utf-8")
+        assert "missing from" not in log and "findfont" not in log, log
+
+
+def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
+    config = extras_config(course) | {"report": {"language": "en"}}
+    jobs = dry_run_jobs(built.parent, config=config)
+    assert jobs == {"figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
+                    "figure_temperature_effect": 1, "report": 1, "check": 1, "all": 1}, jobs
+
+
+@pytest.mark.parametrize("language", ["en", "ko"])
+def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, language):
+    draw = {"cost_curves": (figures.cost_curve, pd.read_csv(built / "sweep.csv").to_dict("records")),
+            "step_times": (figures.latency_curve, load(built, "latency.json")),
+            "topp_survivors": (figures.topp_curve, pd.read_csv(built / "topp_curve.csv").to_dict("records")),
+            "temperature_effect": (figures.temperature_curve, pd.read_csv(built / "temp_curve.csv").to_dict("records"))}
+    for name, (function, data) in draw.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a missing glyph is a warning: fail on it
+            function(data, tmp_path / f"{name}.png", language=language)
+        text = png_text(tmp_path / f"{name}.png")
+        if language == "en":
+            assert not HANGUL.search(text["Title"] + text["Description"]) and text["Title"].isascii(), text
+        else:
+            assert HANGUL.search(text["Title"]), text
+    assert figures.TEXT["ko"].keys() == figures.TEXT["en"].keys()
+
+
+def test_the_hangul_font_is_the_packaged_nanumgothic():
+    assert figures.font_families("ko")[:1] == ["NanumGothic"]
+    found = font_manager.findfont(font_manager.FontProperties(family="NanumGothic"), fallback_to_default=False)
+    assert Path(found) == figures.hangul_font_path() and Path(found).parent.parent.name == "koreanize_matplotlib"
+    assert figures.font_families("en") == ["DejaVu Sans"]
+    with pytest.raises(ValueError, match="report.language"):
+        figures.font_families("fr")
+
+
+def test_without_the_font_package_ko_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(figures.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="pip install koreanize-matplotlib"):
+        figures.hangul_font_path()
 
 
 def test_progress_lines_in_the_sweep_log(built):

@@ -12,7 +12,7 @@ import yaml
 from kvlab.lab.formulas import fed_formulas
 from kvlab.engine.tokenizer import load_tokenizer
 
-from helpers import copy_workflow, course_config, snakemake
+from helpers import copy_workflow, course_config, dry_run_jobs, snakemake
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory, course):
@@ -92,22 +92,6 @@ def test_report_has_the_sections_and_the_numbers(built):
 def test_nothing_left_to_do_after_a_build(built, course):
     dry = snakemake(built, "-n", config=course_config(course))
     assert "Nothing to be done" in dry.stdout + dry.stderr
-
-
-def dry_run_jobs(workdir, *targets, config=None, snakefile=None):
-    """{rule: count} from the "Job stats" table of a dry run."""
-    result = snakemake(workdir, "-n", *targets, config=config, snakefile=snakefile)
-    lines = (result.stdout + result.stderr).splitlines()
-    if not any(line.startswith("Job stats:") for line in lines):
-        return {}
-    table = lines[[i for i, line in enumerate(lines) if line.startswith("Job stats:")][0] + 3 :]
-    jobs = {}
-    for line in table:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        jobs[parts[0]] = int(parts[1])
-    return jobs
 
 
 def test_topp_alone_runs_only_its_ancestors(tmp_path, course):
