@@ -235,7 +235,7 @@ def png_text(path) -> dict:
 def test_figures_are_korean_in_a_korean_build(built):
     """report.language ko (config.yaml's): titles, axes and legends in Hangul, drawn in NanumGothic,
     and no glyph missing from the fonts in any figure's log."""
-    for name in ("cost_curves", "step_times", "topp_survivors", "temperature_effect"):
+    for name in ("cost_curves", "step_times", "topp_survivors", "temperature_effect", "compare"):
         text = png_text(built / "figures" / f"{name}.png")
         assert HANGUL.search(text["Title"]) and HANGUL.search(text["Description"]), (name, text)
         log = (built / "logs" / f"figure_{name}.log").read_text(encoding="utf-8")
@@ -246,7 +246,7 @@ def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
     config = extras_config(course) | {"report": {"language": "en"}}
     jobs = dry_run_jobs(built.parent, config=config)
     assert jobs == {"figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
-                    "figure_temperature_effect": 1, "report": 1, "check": 1, "all": 1}, jobs
+                    "figure_temperature_effect": 1, "figure_compare": 1, "report": 1, "check": 1, "all": 1}, jobs
 
 
 @pytest.mark.parametrize("language", ["en", "ko"])
@@ -254,7 +254,8 @@ def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, la
     draw = {"cost_curves": (figures.cost_curve, pd.read_csv(built / "sweep.csv").to_dict("records")),
             "step_times": (figures.latency_curve, load(built, "latency.json")),
             "topp_survivors": (figures.topp_curve, pd.read_csv(built / "topp_curve.csv").to_dict("records")),
-            "temperature_effect": (figures.temperature_curve, pd.read_csv(built / "temp_curve.csv").to_dict("records"))}
+            "temperature_effect": (figures.temperature_curve, pd.read_csv(built / "temp_curve.csv").to_dict("records")),
+            "compare": (figures.compare_curve, pd.read_csv(built / "compare.csv").to_dict("records"))}
     for name, (function, data) in draw.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a missing glyph is a warning: fail on it
