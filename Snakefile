@@ -17,6 +17,12 @@ include: "rules/extras.smk"
 include: "rules/compare.smk"
 
 
+# Only with the user's own model_minimind.py: importing it runs its code, in that one job.
+if config["minimind_src"]:
+
+    include: "rules/fidelity.smk"
+
+
 rule all:
     default_target: True
     input:
@@ -27,3 +33,4 @@ rule all:
         FIGURES.values(),
         COMPARE_RESULTS,
         "results/check.json",
+        FIDELITY.values(),

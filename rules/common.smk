@@ -7,6 +7,7 @@ from snakemake.utils import validate
 
 from kvlab.config import config_error
 from kvlab.workflow import describe_checkpoint
+from kvlab.lab.minimind_src import MiniMindSourceError, check_source_path
 
 
 def stop(message):
@@ -58,6 +59,11 @@ def _configured_path(key):
             stop(
                 f"config key 'tokenizer': {path} is not a folder with a tokenizer.json"
             )
+    elif key == "minimind_src":
+        try:
+            check_source_path(path)
+        except MiniMindSourceError as err:
+            raise WorkflowError(f"config key 'minimind_src': {err}") from None
     elif not path.is_file():
         stop(f"config key '{key}': file not found: {path}")
     return str(path)
@@ -73,6 +79,11 @@ CONFIGURED_INPUTS = {
 def input_path(key):
     """The path of an input: the user's file, or the embedded default's output."""
     return CONFIGURED_INPUTS.get(key, DEFAULT_INPUTS[key])
+
+
+# Beyond the sheet, only when the user names their own MiniMind code (rules/fidelity.smk):
+# {input name: path}, for `rule all` and the report.
+FIDELITY = {"fidelity": "results/fidelity.json"} if config["minimind_src"] else {}
 
 
 def tokenizer_inputs(wildcards=None):

@@ -3,6 +3,8 @@
 
 rule report:
     input:
+        # fidelity.json too, when minimind_src is set (rules/fidelity.smk)
+        **FIDELITY,
         template=workflow_file("templates/report.md.j2"),
         prompt="results/prompt.json",
         model_card="results/model_card.json",

@@ -47,7 +47,11 @@ def infer_config(state_dict: dict[str, torch.Tensor], measured: dict | None = No
         raise CheckpointError(str(err)) from None
 
 
-def _check_keys_and_shapes(path, model: MiniMindForCausalLM, state_dict) -> None:
+def check_keys_and_shapes(path, model, state_dict) -> None:
+    """Refuse, in one line naming `path`, a state_dict that `model` cannot load strictly: tensors
+    missing or unexpected, or of another shape. `model` is kvlab's MiniMind or any module with a
+    `config.tie_word_embeddings` (MiniMind's own code); a tied checkpoint saved without lm_head.weight
+    gets it added."""
     expected = model.state_dict()
     if "lm_head.weight" not in state_dict and model.config.tie_word_embeddings:
         state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
@@ -79,7 +83,7 @@ def load_model(path, device="cpu", dtype=torch.float32, measured: dict | None = 
     except ArchitectureError as err:
         raise CheckpointError(f"{path}: {err}") from None
     model = MiniMindForCausalLM(architecture.config)
-    _check_keys_and_shapes(path, model, state_dict)
+    check_keys_and_shapes(path, model, state_dict)
     model.load_state_dict(state_dict, strict=True)
     model.architecture = architecture
     return model.to(device=device, dtype=dtype).eval()

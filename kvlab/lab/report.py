@@ -161,6 +161,12 @@ def extras_context(results: dict, timing: dict) -> dict:
         rows = results["temp_curve"]
         context["temp_curve"] = {"rows": rows, "first": rows[0], "last": rows[-1],
                                  "max_distinct": max(rows, key=lambda row: row["distinct"])}
+    if "fidelity" in results:
+        fidelity = results["fidelity"]
+        context["fidelity"] = {"identical": fidelity["identical"], "checks": fidelity["checks"],
+                               "differing": len(fidelity["differences"]), "path": fidelity["minimind"]["path"],
+                               "layout": fidelity["minimind"]["layout"],
+                               "first": fidelity["differences"][0] if fidelity["differences"] else None}
     return context
 
 

@@ -72,6 +72,13 @@ def prompt_tensor(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens:
     return torch.tensor([prompt_ids], device=device)
 
 
+def greedy_new_ids(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> list[int]:
+    """Step 1's generation: greedy, every knob off, no eos; the new ids of the (only) row.
+    `model` is anything with MiniMind's `generate` (kvlab's engine, or MiniMind's own code)."""
+    out = model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+    return out[0, prompt.shape[1]:].tolist()
+
+
 def greedy_with_and_without_cache(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens: int, device) -> tuple[dict, dict]:
     """Steps 1 and 2: the same greedy generation twice; returns (same.json, count.json)."""
     prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
@@ -79,8 +86,7 @@ def greedy_with_and_without_cache(model: MiniMindForCausalLM, prompt_ids: list[i
     fed = {}
     for use_cache in (True, False):
         with counting_forward(model) as fed_lengths:
-            out = model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
-        new_ids[use_cache] = out[0, len(prompt_ids):].tolist()
+            new_ids[use_cache] = greedy_new_ids(model, prompt, new_tokens, use_cache)
         fed[use_cache] = sum(fed_lengths)
     same = {
         "same_ids": new_ids[True] == new_ids[False],
@@ -160,20 +166,34 @@ def answer_text(tokenizer: Tokenizer, new_ids: list[int]) -> str:
     return tokenizer.decode(new_ids).split(tokenizer.eos_token)[0]
 
 
+def chat_prompt(tokenizer: Tokenizer, question: str) -> tuple[str, list[int]]:
+    """Step 5's prompt: the question as one user turn in chat format, ready for the answer."""
+    chat = tokenizer.chat_text([{"role": "user", "content": question}], add_generation_prompt=True)
+    return chat, tokenizer.encode(chat)
+
+
+def sampled_new_ids(model, prompt: torch.Tensor, temperature: float, samples: int, max_new_tokens: int,
+                    seed: int, eos_id: int | None) -> torch.Tensor:
+    """Step 5's generation at one temperature: reseeded, top-k and top-p off, `samples` rows at once.
+    Returns the new ids, (samples, n); rows that finished early are padded with eos.
+    `model` is anything with MiniMind's `generate` (kvlab's engine, or MiniMind's own code)."""
+    torch.manual_seed(seed)
+    out = model.generate(
+        prompt, max_new_tokens=max_new_tokens, temperature=temperature, do_sample=True, top_k=0,
+        top_p=1.0, num_return_sequences=samples, eos_token_id=eos_id,
+    )
+    return out[:, prompt.shape[1]:]
+
+
 def temperature_answers(model, tokenizer: Tokenizer, question: str, temperatures, samples: int,
                         max_new_tokens: int, seed: int, device) -> tuple[dict, dict]:
     """Step 5: for each temperature, reseed and draw `samples` answers. Returns (temp.json, answers)."""
-    chat = tokenizer.chat_text([{"role": "user", "content": question}], add_generation_prompt=True)
-    prompt_ids = tokenizer.encode(chat)
+    chat, prompt_ids = chat_prompt(tokenizer, question)
     prompt = prompt_tensor(model, prompt_ids, max_new_tokens, device)
     counts, answers = {}, {}
     for temperature in temperatures:
-        torch.manual_seed(seed)
-        out = model.generate(
-            prompt, max_new_tokens=max_new_tokens, temperature=temperature, do_sample=True, top_k=0,
-            top_p=1.0, num_return_sequences=samples, eos_token_id=tokenizer.eos_id,
-        )
-        texts = [answer_text(tokenizer, row[len(prompt_ids):].tolist()) for row in out]
+        rows = sampled_new_ids(model, prompt, temperature, samples, max_new_tokens, seed, tokenizer.eos_id)
+        texts = [answer_text(tokenizer, row.tolist()) for row in rows]
         key = str(temperature)
         counts[key] = {"distinct": len(set(texts))}
         answers[key] = texts
@@ -182,9 +202,14 @@ def temperature_answers(model, tokenizer: Tokenizer, question: str, temperatures
     return counts, side
 
 
+def prefix_ids(tokenizer: Tokenizer, prefix: str) -> list[int]:
+    """Step 6's input: [bos] + the prefix, encoded."""
+    return [tokenizer.bos_id] + tokenizer.encode(prefix)
+
+
 def next_token_logits(model, tokenizer: Tokenizer, prefix: str, device) -> torch.Tensor:
     """Logits at the last position after [bos] + prefix, shape (1, vocab)."""
-    ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(prefix)], device=device)
+    ids = torch.tensor([prefix_ids(tokenizer, prefix)], device=device)
     with torch.inference_mode():
         return model(ids).logits[:, -1, :].float()
 
