@@ -220,7 +220,7 @@ def test_workflow_writes_fidelity_json_and_the_report_line(built, course):
     assert result["settings"]["temperatures"] == SMALL_LAB["temp"]["temperatures"]
     assert result["settings"]["new_tokens"] == SMALL_LAB["same"]["new_tokens"]
     report = (built / "results" / "report.md").read_text(encoding="utf-8")
-    assert f"`{FAKE}`" in report and f"{CHECKS}개 검사 중 **모두 비트 단위로 같습니다**" in report
+    assert f"`{FAKE}`" in report and f"{CHECKS}개 검사가 **모두 비트 단위로 같습니다**" in report
     config = fidelity_config(course, FAKE) | {"report": {"language": "en"}}
     snakemake(built, "results/report.md", config=config)
     report = (built / "results" / "report.md").read_text(encoding="utf-8")
@@ -246,7 +246,7 @@ def test_workflow_reports_an_altered_copy(built, course, tmp_path):
     assert result["identical"] is False
     assert result["differences"][0].startswith("pretrain logits: row=0, position=1,")
     report = (built / "results" / "report.md").read_text(encoding="utf-8")
-    assert f"**{len(result['differences'])}개가 다릅니다**. 첫 차이: `{result['differences'][0]}`" in report
+    assert f"{CHECKS}개 검사 중 **{len(result['differences'])}개가 다릅니다**. 첫 차이: `{result['differences'][0]}`" in report
 
 
 def test_workflow_bad_source_is_one_line(tmp_path, course):
