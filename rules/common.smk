@@ -63,7 +63,7 @@ def _configured_path(key):
         try:
             check_source_path(path)
         except MiniMindSourceError as err:
-            raise WorkflowError(f"config key 'minimind_src': {err}") from None
+            stop(f"config key 'minimind_src': {err}")
     elif not path.is_file():
         stop(f"config key '{key}': file not found: {path}")
     return str(path)
@@ -72,7 +72,9 @@ def _configured_path(key):
 # Each configured path is checked once, now, so a wrong one stops the run with one line
 # before any rule asks for it (an input function's error would come wrapped in a traceback).
 CONFIGURED_INPUTS = {
-    key: _configured_path(key) for key in DEFAULT_INPUTS if config[key]
+    key: _configured_path(key)
+    for key in (*DEFAULT_INPUTS, "minimind_src")
+    if config[key]
 }
 
 

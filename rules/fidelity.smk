@@ -5,7 +5,7 @@
 rule fidelity:
     input:
         unpack(tokenizer_inputs),
-        minimind_src=input_path("minimind_src"),
+        minimind_src=CONFIGURED_INPUTS["minimind_src"],
         prompt="results/prompt.json",
         pretrain=input_path("pretrain"),
         sft=input_path("sft"),
