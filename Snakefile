@@ -17,6 +17,11 @@ include: "rules/extras.smk"
 include: "rules/compare.smk"
 
 
+# A run that failed because Slurm refused it: one line on what to install or set.
+onerror:
+    print_failure_hints(log)
+
+
 rule all:
     default_target: True
     input:

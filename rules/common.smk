@@ -5,6 +5,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from kvlab import resources as cost
+from kvlab.cluster import print_failure_hints
 from kvlab.config import config_error
 from kvlab.workflow import describe_checkpoint
 
@@ -217,3 +219,69 @@ def workflow_file(path):
     input paths, so nothing reruns after the move. `path` is relative to the Snakefile.
     """
     return os.path.relpath(Path(workflow.basedir, path))
+
+
+# What each job asks of a scheduler (Slurm, or --resources locally): threads, mem_mb and
+# runtime (minutes) estimated from the model and the work by kvlab/resources.py, growing with
+# each retry (attempt); one GPU for a job that loads a model when the config says cuda.
+
+# The longest prompt the lab builds: bos and lab.prompt.cut_tokens tokens.
+PROMPT_LEN = cost.prompt_len_bound(config["lab"]["prompt"]["cut_tokens"])
+
+
+def _bytes(input, names):
+    return sum(Path(getattr(input, name)).stat().st_size for name in names)
+
+
+def model_job(checkpoint, work, timed=False, extra_params=0):
+    """resources: of a job that loads the input named `checkpoint` and does `work` (a
+    kvlab.resources.Work), sized from the checkpoint file once it exists. `timed`: it
+    measures time, so on Slurm it has the node to itself; `extra_params`: other models it
+    builds."""
+
+    def mem_mb(wildcards, input, attempt):
+        size = _bytes(input, [checkpoint])
+        return cost.model_mem_mb(size, config["dtype"], work, attempt, extra_params)
+
+    def runtime(wildcards, input, attempt):
+        params = cost.checkpoint_params(_bytes(input, [checkpoint])) + extra_params
+        return cost.runtime_minutes(work, params, attempt)
+
+    asked = {"mem_mb": mem_mb, "runtime": runtime}
+    if config["device"] == "cuda":
+        asked["gpu"] = 1
+    if timed:
+        asked["slurm_extra"] = "--exclusive"
+    return asked
+
+
+def training_job(model, work):
+    """resources: of a job that trains the embedded default's `model` (its config) on `work`,
+    on the CPU (the default trains there whatever the device)."""
+    params = cost.approx_params(
+        model["hidden_size"],
+        model["num_hidden_layers"],
+        config["default_model"]["tokenizer"]["vocab_size"],
+    )
+    return {
+        "mem_mb": lambda wildcards, attempt: cost.training_mem_mb(
+            params, model["hidden_size"], model["num_hidden_layers"], work, attempt
+        ),
+        "runtime": lambda wildcards, attempt: cost.runtime_minutes(
+            work, params, attempt
+        ),
+    }
+
+
+def light_job(reads=(), seconds=0.0, seconds_per_mb=0.0):
+    """resources: of a job that loads no model: the process, a few copies of the inputs named
+    in `reads`, and `seconds` plus `seconds_per_mb` of those inputs of work."""
+
+    def mem_mb(wildcards, input, attempt):
+        return cost.light_mem_mb(_bytes(input, reads), attempt)
+
+    def runtime(wildcards, input, attempt):
+        work_s = seconds + seconds_per_mb * _bytes(input, reads) / cost.MB
+        return cost.light_runtime_minutes(work_s, attempt)
+
+    return {"mem_mb": mem_mb, "runtime": runtime}

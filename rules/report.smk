@@ -34,6 +34,8 @@ rule report:
     log:
         "results/logs/report.log",
     threads: 1
+    resources:
+        **light_job(),
     params:
         language=config["report"]["language"],
     script:
