@@ -21,9 +21,9 @@ from kvlab.lab.formulas import fed_formulas
 MB = 1024**2
 # A job's Python with torch and kvlab imported: about 230 MB measured; twice that.
 PROCESS_MB = 512
-# Interpreter, imports and Snakemake's job step before the work starts (a few seconds here;
-# a busy shared file system is slower).
-STARTUP_S = 60
+# Snakemake's job step, the interpreter and the imports before the work starts: 5 to 20 s here
+# (a busy shared file system is slower). No job asks for less than two minutes.
+STARTUP_S = 120
 # One forward call's fixed cost (1.4 ms measured for the lab's model here) ...
 FORWARD_S = 0.01
 # ... and the sustained speed of the matrix work on one core (2 FLOPs per parameter per token fed,
@@ -132,14 +132,17 @@ def model_mem_mb(checkpoint_bytes: int, dtype: str, work: Work, attempt: int = 1
     return attempt * math.ceil(PROCESS_MB + checkpoint_bytes / MB + model_mb + _scores_mb(work))
 
 
-def training_mem_mb(params: int, hidden_size: int, num_hidden_layers: int, work: Work, attempt: int = 1) -> int:
+def training_mem_mb(params: int, hidden_size: int, num_hidden_layers: int, vocab_size: int, work: Work,
+                    attempt: int = 1) -> int:
     """Memory of a float32 training job: weights, gradients and Adam's two moments (16 bytes a
-    parameter), and the activations kept for backward (about 34 bytes per token, layer and hidden
-    unit, plus the attention scores of every layer)."""
+    parameter) and what backward keeps of every token: about 100 bytes per layer and hidden unit,
+    16 per vocabulary entry (logits, softmax, their gradients), three copies of each layer's
+    attention scores. (The embedded default's pretraining peaked at 608 MB here.)"""
     state_mb = 16 * params / MB
     tokens = work.batch * work.context
-    activations_mb = 34 * tokens * num_hidden_layers * hidden_size / MB + num_hidden_layers * _scores_mb(work)
-    return attempt * math.ceil(PROCESS_MB + state_mb + activations_mb)
+    activations_mb = tokens * (100 * num_hidden_layers * hidden_size + 16 * vocab_size) / MB
+    scores_mb = 3 * num_hidden_layers * _scores_mb(work)
+    return attempt * math.ceil(PROCESS_MB + state_mb + activations_mb + scores_mb)
 
 
 def light_mem_mb(input_bytes: int = 0, attempt: int = 1, per_input_byte: int = 4) -> int:

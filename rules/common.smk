@@ -258,14 +258,18 @@ def model_job(checkpoint, work, timed=False, extra_params=0):
 def training_job(model, work):
     """resources: of a job that trains the embedded default's `model` (its config) on `work`,
     on the CPU (the default trains there whatever the device)."""
+    vocab_size = config["default_model"]["tokenizer"]["vocab_size"]  # an upper bound
     params = cost.approx_params(
-        model["hidden_size"],
-        model["num_hidden_layers"],
-        config["default_model"]["tokenizer"]["vocab_size"],
+        model["hidden_size"], model["num_hidden_layers"], vocab_size
     )
     return {
         "mem_mb": lambda wildcards, attempt: cost.training_mem_mb(
-            params, model["hidden_size"], model["num_hidden_layers"], work, attempt
+            params,
+            model["hidden_size"],
+            model["num_hidden_layers"],
+            vocab_size,
+            work,
+            attempt,
         ),
         "runtime": lambda wildcards, attempt: cost.runtime_minutes(
             work, params, attempt

@@ -46,9 +46,11 @@ def test_runtime_follows_the_work():
 def test_training_memory_counts_adam_state_and_activations():
     work = cost.training(300, 16, 128)
     params = cost.approx_params(128, 4, 2048)
-    base = cost.training_mem_mb(params, 128, 4, work)
-    assert cost.training_mem_mb(10 * params, 128, 4, work) - base == pytest.approx(16 * 9 * params / MB, abs=1)
-    assert cost.training_mem_mb(params, 128, 4, cost.training(300, 64, 128)) > base
+    base = cost.training_mem_mb(params, 128, 4, 2048, work)
+    assert cost.training_mem_mb(10 * params, 128, 4, 2048, work) - base == pytest.approx(16 * 9 * params / MB, abs=1)
+    assert cost.training_mem_mb(params, 128, 4, 2048, cost.training(300, 64, 128)) > base
+    assert cost.training_mem_mb(params, 128, 4, 2048, work, attempt=2) == 2 * base
+    assert base > 608  # what the embedded default's pretraining (these sizes) peaked at here
 
 
 def job_resources(output: str) -> dict[str, dict[str, str]]:
