@@ -4,7 +4,7 @@ own message, when the cluster cannot take the run.
 `preflight` runs when Snakemake reads profiles/slurm/config.yaml, before anything else: the only
 moment a missing executor plugin can be named (Snakemake then stops with its own "invalid choice"
 message). `failure_hints` runs when a run has failed (the Snakefile's `onerror`), on Snakemake's
-log: sbatch missing from PATH, a partition or account Slurm does not know.
+log: sbatch missing from PATH, a partition or account Slurm does not know, GPUs it cannot give.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ NO_SBATCH = ("kvlab: no sbatch on PATH: run from a Slurm login node (or add Slur
              "on a Debian machine, tests/cluster/slurm-up.sh sets up a one-node test cluster")
 INVALID_PARTITION = re.compile(r"invalid partition", re.IGNORECASE)
 PARTITION_NAME = re.compile(r"invalid partition specified: ([^\s']+)")
+NO_GPU = re.compile(r"invalid generic resource|gres", re.IGNORECASE)
 INVALID_ACCOUNT = re.compile(r"invalid account|account .* appears to be invalid", re.IGNORECASE)
 
 
@@ -59,6 +60,9 @@ def failure_hints(log_text: str, sbatch_found: bool, known_partitions=partitions
         offer = f"one of: {', '.join(names)}" if names else "a partition `sinfo -s` lists"
         hints.append(f"kvlab: Slurm has no partition{asked} here: set SBATCH_PARTITION "
                      f"(or --default-resources slurm_partition=NAME) to {offer}")
+    if NO_GPU.search(log_text) and "--gpus" in log_text:
+        hints.append("kvlab: Slurm has no GPU to give these jobs: set SBATCH_PARTITION to a partition "
+                     "with GPUs, or run on the CPU (--config device=cpu)")
     if INVALID_ACCOUNT.search(log_text):
         hints.append("kvlab: Slurm refused the account: set SBATCH_ACCOUNT (or --default-resources "
                      "slurm_account=NAME) to one of yours (`sacctmgr show associations user=$USER`)")

@@ -195,6 +195,20 @@ def test_a_partition_that_does_not_exist(tmp_path, course):
     assert all(name in hint[0] for name in partitions)
 
 
+@needs_slurm
+def test_on_cuda_a_model_job_asks_for_one_gpu(tmp_path, course):
+    """This cluster has no GPU: Slurm refuses the job, and the sbatch call shows what it asked for."""
+    folder = workflow_copy(tmp_path / "wf")
+    config = course_config(course) | {"device": "cuda"}
+    done = run(cluster_cmd(folder, "results/kvbytes.json", "--retries", "0", config=config), folder)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Error in rule kvbytes" in output
+    assert "Invalid generic resource (gres) specification" in output  # Slurm's own message
+    calls = [line for line in output.splitlines() if line.strip().startswith("sbatch --parsable")]
+    assert calls and all(" --gpus=1" in call for call in calls), output[-3000:]
+    assert sum(line.startswith("kvlab: Slurm has no GPU") for line in output.splitlines()) == 1
+
+
 @pytest.mark.skipif(not plugin_installed(), reason='snakemake-executor-plugin-slurm is not installed')
 def test_no_sbatch_on_path(tmp_path, course):
     folder = workflow_copy(tmp_path / "wf")

@@ -106,6 +106,9 @@ def test_failure_hints_name_what_to_set():
     [account] = failure_hints("SLURM sbatch failed: Invalid account or account/partition combination specified",
                               sbatch_found=True)
     assert "SBATCH_ACCOUNT" in account
+    [gpu] = failure_hints("SLURM sbatch failed. The error message was 'sbatch: error: Invalid generic resource "
+                          "(gres) specification'.\n    sbatch call: sbatch --mem 522 --gpus=1", sbatch_found=True)
+    assert "device=cpu" in gpu
     # a failure of the lab itself, locally: nothing to add
     assert failure_hints("Error in rule same:\n    kvlab error in rule same: bad checkpoint", sbatch_found=False) == []
     assert "pip install" in INSTALL_PLUGIN and "[slurm]" in INSTALL_PLUGIN
