@@ -2,9 +2,9 @@
 estimated from the model it loads or trains and the work it does.
 
 The rules (rules/*.smk) describe their work as a `Work`: how many forward calls, how many tokens
-fed to them (the lab's own formulas), how many tokens trained on. A model's size comes from its
-checkpoint file (read when the job is ready to run) or, for the embedded default's training, from
-its config. The estimates are upper bounds for one CPU core of an ordinary cluster node, several
+fed to them (the lab's own formulas), how many tokens trained on. A model's parameters are
+estimated by kvlab.lab.compare.parameter_estimate: from its checkpoint file's size (read when the
+job is ready to run) or from its architecture (the embedded default's config, random-weight models). The estimates are upper bounds for one CPU core of an ordinary cluster node, several
 times what this project's machine needs; every retry (`attempt`) doubles, triples, ... them, so a
 job killed for running out of time or memory asks for more the next time.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvlab.lab.compare import parameter_estimate
 from kvlab.lab.formulas import fed_formulas
 
 MB = 1024**2
@@ -29,9 +30,6 @@ FORWARD_S = 0.01
 # ... and the sustained speed of the matrix work on one core (2 FLOPs per parameter per token fed,
 # 6 when training). The lab's model reached about 60 GFLOP/s here; ask for far less.
 FLOPS = 5e9
-# A checkpoint's bytes per parameter at most: MiniMind ships float16 (kvlab writes float32,
-# so this over-counts kvlab's own files: an upper bound).
-CHECKPOINT_BYTES_PER_PARAM = 2
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Attention scores of one forward call: heads x context^2 float32 numbers; 16 heads at most.
 SCORE_BYTES_PER_CONTEXT_SQUARED = 16 * 4
@@ -92,25 +90,20 @@ def chat_len_bound(question: str) -> int:
     return text_tokens_bound(question) + CHAT_TOKENS
 
 
-def approx_params(hidden_size: int, num_hidden_layers: int, vocab_size: int) -> int:
-    """A decoder's parameters, the usual way: 12 * layers * hidden^2, plus the (tied) embedding."""
-    return 12 * num_hidden_layers * hidden_size**2 + vocab_size * hidden_size
+def checkpoint_params(checkpoint_bytes: int) -> int:
+    """The most parameters a checkpoint of this size holds (float16, as MiniMind ships them; kvlab's
+    float32 files hold half as many: an upper bound)."""
+    return parameter_estimate({}, checkpoint_bytes)
 
 
-def architecture_params(arch: dict) -> int:
-    """An architecture of config extras.capacity.architectures (its vocabulary when it names one;
-    the embedding is a small share of MiniMind's sizes)."""
-    return approx_params(arch["hidden_size"], arch["num_hidden_layers"], arch.get("vocab_size", 0))
+def architecture_params(architecture: dict) -> int:
+    """Parameters of a MiniMind of this architecture (hidden_size, num_hidden_layers, heads, ...)."""
+    return parameter_estimate({"architecture": architecture}, None)
 
 
 def grid_count_bound(start: float, stop: float, step: float) -> int:
     """Points of the grid start, start + step, ..., stop: at most this many."""
     return math.ceil((stop - start) / step) + 1
-
-
-def checkpoint_params(checkpoint_bytes: int) -> int:
-    """The most parameters a checkpoint of this size can hold."""
-    return math.ceil(checkpoint_bytes / CHECKPOINT_BYTES_PER_PARAM)
 
 
 def runtime_minutes(work: Work, params: int, attempt: int = 1, extra_s: float = 0.0) -> int:
@@ -124,12 +117,12 @@ def _scores_mb(work: Work) -> float:
     return work.batch * work.context**2 * SCORE_BYTES_PER_CONTEXT_SQUARED / MB
 
 
-def model_mem_mb(checkpoint_bytes: int, dtype: str, work: Work, attempt: int = 1, extra_params: int = 0) -> int:
-    """Memory of a job that loads a checkpoint in `dtype` and runs `work`: the file as read, the model
-    cast to `dtype` (and a copy while casting), the attention scores; `extra_params`: other models."""
-    params = checkpoint_params(checkpoint_bytes) + extra_params
+def model_mem_mb(params: int, dtype: str, work: Work, attempt: int = 1, file_bytes: int = 0) -> int:
+    """Memory of a job that holds models of `params` parameters in `dtype` and runs `work`: the
+    checkpoint files as read (`file_bytes`), the models (and a copy while casting), the attention
+    scores."""
     model_mb = 2 * params * BYTES_PER_ELEMENT[dtype] / MB
-    return attempt * math.ceil(PROCESS_MB + checkpoint_bytes / MB + model_mb + _scores_mb(work))
+    return attempt * math.ceil(PROCESS_MB + file_bytes / MB + model_mb + _scores_mb(work))
 
 
 def training_mem_mb(params: int, hidden_size: int, num_hidden_layers: int, vocab_size: int, work: Work,

@@ -40,6 +40,9 @@ rule model_card:
     log:
         "results/logs/model_card.log",
     threads: 1
+    resources:
+        # the prompt's perplexity under each model
+        **model_job(("pretrain", "sft"), cost.forward(PROMPT_LEN, calls=2)),
     params:
         **model_params(),
         head_counts=HEAD_COUNTS,

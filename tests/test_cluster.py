@@ -22,9 +22,10 @@ from helpers import ROOT, course_config
 # The test cluster has no accounting: job states come from squeue. First status check after 1 s.
 TEST_FLAGS = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
               "--slurm-keep-successful-logs"]
-TARGETS = ["results/prompt.json", "results/kvbytes.json", "results/topp.json", "results/time.json"]
-# Files that hold wall-clock times (README: Determinism), and the per-run logs.
-TIMED = {"time.json", "time_runs.json"}
+TARGETS = ["results/prompt.json", "results/kvbytes.json", "results/topp.json", "results/time.json",
+           "results/compare/lab/cost.json"]
+# Files that hold wall-clock times (README: Determinism): compared without their times.
+TIMED = {"time.json", "time_runs.json", "compare/lab/cost.json"}
 RUN_TIMEOUT_S = 240
 
 
@@ -76,7 +77,8 @@ def submitted_jobs(output: str) -> dict[str, list[str]]:
 
 
 def squeue(job_ids) -> dict[str, dict]:
-    """State, comment (the plugin's rule_NAME), memory, CPUs and whether the node is shared, per job id."""
+    """State, comment (the plugin's rule_NAME[_wildcards_...]), memory, CPUs and whether the node is
+    shared, per job id."""
     out = subprocess.run(["squeue", "--states=all", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%k|%m|%C|%h"],
                          capture_output=True, text=True, check=True).stdout
     rows = {}
@@ -107,14 +109,14 @@ def test_targets_run_through_sbatch_and_match_a_local_run(tmp_path, course):
 
     # Every job went through sbatch, ran as the rule its comment names, and completed.
     jobs = submitted_jobs(output)
-    assert set(jobs) == {"prompt", "kvbytes", "topp", "timing"}, output[-4000:]
+    assert set(jobs) == {"prompt", "kvbytes", "topp", "timing", "compare_cost"}, output[-4000:]
     states = squeue([job for ids in jobs.values() for job in ids])
     for rule, ids in jobs.items():
         for job in ids:
-            assert states[job]["state"] == "COMPLETED" and states[job]["comment"] == f"rule_{rule}", states[job]
-            assert (cluster / ".snakemake" / "slurm_logs" / f"rule_{rule}" / f"{job}.log").is_file()
-    # The timed job had the node to itself; the others shared it.
-    assert states[jobs["timing"][0]]["shared"] == "NO"
+            assert states[job]["state"] == "COMPLETED" and states[job]["comment"].startswith(f"rule_{rule}"), states[job]
+            assert list((cluster / ".snakemake" / "slurm_logs" / f"rule_{rule}").rglob(f"{job}.log"))
+    # The timed jobs had the node to themselves; the others shared it.
+    assert states[jobs["timing"][0]]["shared"] == states[jobs["compare_cost"][0]]["shared"] == "NO"
     assert states[jobs["kvbytes"][0]]["shared"] != "NO"
 
     # The same files, byte for byte, as the local run (timings aside).
@@ -125,6 +127,15 @@ def test_targets_run_through_sbatch_and_match_a_local_run(tmp_path, course):
         if name not in TIMED:
             assert cluster_files[name] == content, name
     assert json.loads(cluster_files["time.json"])["speedup"] > 0
+    local_cost, cluster_cost = (untimed(json.loads(files["compare/lab/cost.json"]))
+                                for files in (local_files, cluster_files))
+    assert cluster_cost == local_cost and cluster_cost["fed_without_cache"] > 0
+
+
+def untimed(cost: dict) -> dict:
+    """A compare row without what the clock measured."""
+    return {key: value for key, value in cost.items()
+            if not (key.endswith("_s") or "speedup" in key or key == "fit_r2")}
 
 
 def slurm_job(rule: str, known: set[str], state: str = "RUNNING", timeout: float = 120) -> str:

@@ -14,22 +14,27 @@ from kvlab.cluster import INSTALL_PLUGIN, NO_SBATCH, failure_hints
 
 from helpers import ROOT, course_config, snakemake
 
-MODEL_RULES = {"same", "timing", "kvbytes", "temp", "topp", "sweep", "latency", "kv_capacity", "topp_curve",
-               "temp_curve"}
-TIMED_RULES = {"timing", "sweep", "latency"}
+MODEL_RULES = {"model_card", "same", "timing", "kvbytes", "temp", "topp", "sweep", "latency", "kv_capacity",
+               "topp_curve", "temp_curve", "compare_cost"}
+TIMED_RULES = {"timing", "sweep", "latency", "compare_cost"}
 MB = 1024**2
 
 
+def checkpoint_mem_mb(file_bytes, dtype="float32", work=cost.greedy_pair(201, 64, runs=4), attempt=1):
+    return cost.model_mem_mb(cost.checkpoint_params(file_bytes), dtype, work, attempt, file_bytes)
+
+
 def test_memory_follows_the_model_and_grows_with_each_attempt():
-    work = cost.greedy_pair(201, 64, runs=4)
-    small = cost.model_mem_mb(5 * MB, "float32", work)
-    big = cost.model_mem_mb(200 * MB, "float32", work)
+    small, big = checkpoint_mem_mb(5 * MB), checkpoint_mem_mb(200 * MB)
     # per MB of file: the file as read (1 MB) and the model in float32, twice while casting: a file
     # holds at least 2 bytes a parameter, so 2 copies x 4 bytes / 2 bytes = 4 MB
     assert big - small == pytest.approx(195 * (1 + 4), abs=2)
-    assert cost.model_mem_mb(200 * MB, "float16", work) < big
-    assert cost.model_mem_mb(200 * MB, "float32", work, attempt=2) == 2 * big
+    assert checkpoint_mem_mb(200 * MB, "float16") < big
+    assert checkpoint_mem_mb(200 * MB, attempt=2) == 2 * big
     assert small >= cost.PROCESS_MB
+    # an architecture's count is the compare rule's own (kvlab.lab.compare.parameter_estimate)
+    small_arch = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}
+    assert cost.architecture_params({**small_arch, "hidden_size": 768}) > cost.architecture_params(small_arch)
 
 
 def test_runtime_follows_the_work():
@@ -45,7 +50,8 @@ def test_runtime_follows_the_work():
 
 def test_training_memory_counts_adam_state_and_activations():
     work = cost.training(300, 16, 128)
-    params = cost.approx_params(128, 4, 2048)
+    params = cost.architecture_params({"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                                       "num_key_value_heads": 2, "vocab_size": 2048})
     base = cost.training_mem_mb(params, 128, 4, 2048, work)
     assert cost.training_mem_mb(10 * params, 128, 4, 2048, work) - base == pytest.approx(16 * 9 * params / MB, abs=1)
     assert cost.training_mem_mb(params, 128, 4, 2048, cost.training(300, 64, 128)) > base
@@ -70,7 +76,7 @@ def test_every_job_asks_for_memory_and_time_and_a_gpu_only_on_cuda(tmp_path, cou
         if rule == "all":
             continue
         assert {"mem_mb", "runtime"} <= set(asked), rule
-        assert ("gpu" in asked) == (device == "cuda" and rule in MODEL_RULES), rule
+        assert (asked.get("gpu", "0") != "0") == (device == "cuda" and rule in MODEL_RULES), rule
         assert (asked.get("slurm_extra") == "--exclusive") == (rule in TIMED_RULES), rule
     if device == "cuda":
         assert jobs["same"]["gpu"] == "1"
@@ -86,6 +92,22 @@ def test_the_asks_follow_each_rules_work(tmp_path, course):
     assert mem_mb["kv_capacity"] > mem_mb["kvbytes"]  # it also builds MiniMind's default architecture
     assert mem_mb["temp"] > mem_mb["topp"]  # 30 answers at once vs one prefix
     assert min(mem_mb.values()) > cost.PROCESS_MB
+
+
+def test_each_compared_model_asks_for_its_own_size(tmp_path, course):
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+    big = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2}
+    config = course_config(course) | {"compare": [{"name": "small", "architecture": small},
+                                                  {"name": "big", "architecture": big, "device": "cuda"}]}
+    output = snakemake(tmp_path, "-n", "results/compare.csv", config=config).stdout
+    jobs = {}
+    for name, listed in re.findall(r"^rule compare_cost:\n(?:    .*\n)*?    wildcards: name=(\w+)\n(?:    .*\n)*?"
+                                   r"    resources: (.*)$", output, re.MULTILINE):
+        jobs[name] = dict(item.split("=", 1) for item in listed.split(", "))
+    assert set(jobs) == {"lab", "small", "big"}
+    assert int(jobs["big"]["mem_mb"]) > int(jobs["small"]["mem_mb"])
+    assert int(jobs["big"]["runtime"]) >= int(jobs["small"]["runtime"])
+    assert jobs["big"]["gpu"] == "1" and jobs["small"]["gpu"] == "0"  # its own device
 
 
 def test_lint_finds_nothing_but_the_conda_note(tmp_path):
