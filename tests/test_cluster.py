@@ -155,7 +155,7 @@ def slurm_job(rule: str, known: set[str], state: str = "RUNNING", timeout: float
 @needs_slurm
 def test_a_job_cancelled_while_it_runs_fails_the_run_and_a_rerun_completes(tmp_path, course):
     # A timing job of about 5 s on this machine: long enough to be caught running.
-    config = course_config(course, time={"new_tokens": 40, "repeats": 40})
+    config = course_config(course, time={"new_tokens": 40, "repeats": 20})
     folder = workflow_copy(tmp_path / "wf")
     cmd = cluster_cmd(folder, "results/time.json", config=config)
     proc = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -187,7 +187,7 @@ def test_a_job_cancelled_while_it_runs_fails_the_run_and_a_rerun_completes(tmp_p
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     timing = json.loads((folder / "results" / "time.json").read_text(encoding="utf-8"))
     assert timing["speedup"] > 0
-    assert len(json.loads((folder / "results" / "time_runs.json").read_text())["runs_s"]["with_cache"]) == 40
+    assert len(json.loads((folder / "results" / "time_runs.json").read_text())["runs_s"]["with_cache"]) == 20
 
 
 # --- bad input ---------------------------------------------------------------------------------
