@@ -41,7 +41,8 @@ def slurm_down_reason() -> str | None:
     return None
 
 
-needs_slurm = pytest.mark.skipif(slurm_down_reason() is not None, reason=str(slurm_down_reason()))
+SLURM_DOWN = slurm_down_reason()
+needs_slurm = pytest.mark.skipif(SLURM_DOWN is not None, reason=str(SLURM_DOWN))
 
 
 def workflow_copy(folder: Path) -> Path:
