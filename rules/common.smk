@@ -193,7 +193,8 @@ def compare_inputs(wildcards):
 def all_cores(wildcards):
     """`threads:` of the timing rules: every core of the run, so no other job shares the CPU with
     the clock. Commands that run no job (--report, --dag, --rulegraph, --lint, --summary) may
-    give no --cores; then there is nothing to share and one thread is recorded."""
+    give no --cores; then there is nothing to share and one thread is recorded. So does a run on
+    Slurm, where the timed jobs ask for a whole node instead (model_job(timed=True))."""
     return workflow.resource_settings.cores or 1
 
 

@@ -62,5 +62,7 @@ rule lab_tables:
     log:
         "results/logs/lab_tables.log",
     threads: 1
+    resources:
+        **light_job(),
     script:
         "../scripts/lab_tables.py"

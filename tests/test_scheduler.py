@@ -59,6 +59,18 @@ def test_training_memory_counts_adam_state_and_activations():
     assert base > 608  # what the embedded default's pretraining (these sizes) peaked at here
 
 
+def test_every_rule_declares_threads_and_resources():
+    """Jobs a dry run of the default targets never lists (e.g. lab_tables, for --report) too."""
+    rules = {}
+    for path in sorted((ROOT / "rules").glob("*.smk")):
+        text = path.read_text(encoding="utf-8")
+        for match in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", text, re.MULTILINE | re.DOTALL):
+            rules[match.group(1)] = match.group(2)
+    assert len(rules) > 20 and "lab_tables" in rules
+    for rule, body in rules.items():
+        assert "\n    threads:" in "\n" + body and "\n    resources:" in "\n" + body, rule
+
+
 def job_resources(output: str) -> dict[str, dict[str, str]]:
     """rule -> its resources, from a dry run's job listing."""
     jobs = {}
