@@ -23,6 +23,11 @@ if config["minimind_src"]:
     include: "rules/fidelity.smk"
 
 
+# A run that failed because Slurm refused it: one line on what to install or set.
+onerror:
+    print_failure_hints(log)
+
+
 rule all:
     default_target: True
     input:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import signal
 import sys
 import traceback
 from contextlib import ExitStack, redirect_stderr
@@ -49,6 +50,9 @@ def run(snakemake, main) -> None:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)
+        # A scheduler stops a job with SIGTERM (scancel, a time limit) before it kills it: exit the
+        # Python way, so an output being written is removed, never left half-written.
+        signal.signal(signal.SIGTERM, exit_on_sigterm)
         try:
             main(snakemake)
         except USER_ERRORS as err:
@@ -59,6 +63,10 @@ def run(snakemake, main) -> None:
         except Exception:
             log.error(traceback.format_exc())
             raise
+
+
+def exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def check_vocab(tokenizer, model, checkpoint) -> None:

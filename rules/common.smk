@@ -5,6 +5,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from kvlab import resources as cost
+from kvlab.cluster import print_failure_hints
 from kvlab.config import config_error
 from kvlab.workflow import describe_checkpoint
 from kvlab.lab.minimind_src import MiniMindSourceError, check_source_path
@@ -149,7 +151,6 @@ from kvlab.lab.compare import (
     CompareError,
     check_entries,
     parameter_estimate,
-    resources as compare_resources,
 )
 
 COMPARE_SETTINGS = config["extras"]["compare"]
@@ -202,25 +203,11 @@ def compare_inputs(wildcards):
     return files
 
 
-def compare_job_resources(name):
-    entry = COMPARE_ENTRIES[name]
-    path = Path(entry.get("checkpoint", ""))
-    size = path.stat().st_size if "checkpoint" in entry and path.is_file() else None
-    # a checkpoint not made yet is taken as the size of MiniMind2-small (26 M parameters)
-    parameters = parameter_estimate(entry, size) or 26_000_000
-    runs = COMPARE_SETTINGS["warmup"] + COMPARE_SETTINGS["repeats"] + 1
-    return compare_resources(
-        parameters,
-        COMPARE_SETTINGS["prompt_tokens"],
-        COMPARE_SETTINGS["new_tokens"],
-        runs,
-    )
-
-
 def all_cores(wildcards):
     """`threads:` of the timing rules: every core of the run, so no other job shares the CPU with
     the clock. Commands that run no job (--report, --dag, --rulegraph, --lint, --summary) may
-    give no --cores; then there is nothing to share and one thread is recorded."""
+    give no --cores; then there is nothing to share and one thread is recorded. So does a run on
+    Slurm, where the timed jobs ask for a whole node instead (model_job(timed=True))."""
     return workflow.resource_settings.cores or 1
 
 
@@ -230,3 +217,115 @@ def workflow_file(path):
     input paths, so nothing reruns after the move. `path` is relative to the Snakefile.
     """
     return os.path.relpath(Path(workflow.basedir, path))
+
+
+# What each job asks of a scheduler (Slurm, or --resources locally): threads, mem_mb and
+# runtime (minutes) estimated from the model and the work by kvlab/resources.py, growing with
+# each retry (attempt); one GPU for a job that loads a model when the config says cuda.
+
+# The longest prompt the lab builds: bos and lab.prompt.cut_tokens tokens.
+PROMPT_LEN = cost.prompt_len_bound(config["lab"]["prompt"]["cut_tokens"])
+
+
+def _bytes(input, names):
+    return sum(Path(getattr(input, name)).stat().st_size for name in names)
+
+
+def model_job(checkpoints, work, timed=False, extra_params=0):
+    """resources: of a job that loads the input named `checkpoints` (or each of a tuple of
+    names) and does `work` (a kvlab.resources.Work), sized from the files once they exist.
+    `timed`: it measures time, so on Slurm it has a node to itself; `extra_params`: other
+    models it builds."""
+    names = (checkpoints,) if isinstance(checkpoints, str) else checkpoints
+
+    def params(input):
+        files = [_bytes(input, [name]) for name in names]
+        return sum(map(cost.checkpoint_params, files)) + extra_params, sum(files)
+
+    def mem_mb(wildcards, input, attempt):
+        held, file_bytes = params(input)
+        return cost.model_mem_mb(held, config["dtype"], work, attempt, file_bytes)
+
+    def runtime(wildcards, input, attempt):
+        return cost.runtime_minutes(work, params(input)[0], attempt)
+
+    asked = {"mem_mb": mem_mb, "runtime": runtime}
+    if config["device"] == "cuda":
+        asked["gpu"] = 1
+    if timed:
+        asked["slurm_extra"] = "--exclusive"
+    return asked
+
+
+def training_job(model, work):
+    """resources: of a job that trains the embedded default's `model` (its config) on `work`,
+    on the CPU (the default trains there whatever the device)."""
+    vocab_size = config["default_model"]["tokenizer"]["vocab_size"]  # an upper bound
+    params = cost.architecture_params({**model, "vocab_size": vocab_size})
+    return {
+        "mem_mb": lambda wildcards, attempt: cost.training_mem_mb(
+            params,
+            model["hidden_size"],
+            model["num_hidden_layers"],
+            vocab_size,
+            work,
+            attempt,
+        ),
+        "runtime": lambda wildcards, attempt: cost.runtime_minutes(
+            work, params, attempt
+        ),
+    }
+
+
+def light_job(reads=(), seconds=0.0, seconds_per_mb=0.0):
+    """resources: of a job that loads no model: the process, a few copies of the inputs named
+    in `reads`, and `seconds` plus `seconds_per_mb` of those inputs of work."""
+
+    def mem_mb(wildcards, input, attempt):
+        return cost.light_mem_mb(_bytes(input, reads), attempt)
+
+    def runtime(wildcards, input, attempt):
+        work_s = seconds + seconds_per_mb * _bytes(input, reads) / cost.MB
+        return cost.light_runtime_minutes(work_s, attempt)
+
+    return {"mem_mb": mem_mb, "runtime": runtime}
+
+
+def compare_job():
+    """resources: of compare_cost: the lab's cost steps at extras.compare's P and N (the counted
+    pair, the warm-ups, the timed runs, a cache weighed) on each model: its checkpoint once it
+    exists, else its architecture, in its own dtype, on its own device; timed."""
+    settings = COMPARE_SETTINGS
+    runs = 1 + settings["warmup"] + settings["repeats"]
+    work = cost.greedy_pair(
+        settings["prompt_tokens"], settings["new_tokens"], runs
+    ) + cost.forward(settings["kv_tokens"])
+
+    def entry_of(wildcards):
+        return COMPARE_ENTRIES[wildcards.name]
+
+    def file_bytes(wildcards, input):
+        return (
+            _bytes(input, ["checkpoint"]) if "checkpoint" in entry_of(wildcards) else 0
+        )
+
+    def mem_mb(wildcards, input, attempt):
+        size = file_bytes(wildcards, input)
+        entry = entry_of(wildcards)
+        dtype = entry.get("dtype", config["dtype"])
+        held = parameter_estimate(entry, size)
+        return cost.model_mem_mb(held, dtype, work, attempt, size)
+
+    def runtime(wildcards, input, attempt):
+        held = parameter_estimate(entry_of(wildcards), file_bytes(wildcards, input))
+        return cost.runtime_minutes(work, held, attempt)
+
+    def gpu(wildcards):
+        return int(entry_of(wildcards).get("device", config["device"]) == "cuda")
+
+    return {
+        "mem_mb": mem_mb,
+        "runtime": runtime,
+        "gpu": gpu,
+        "slurm_extra": "--exclusive",
+    }

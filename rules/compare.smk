@@ -18,8 +18,7 @@ rule compare_cost:
     # The clock must not share the CPU with other jobs: take every core.
     threads: all_cores
     resources:
-        mem_mb=lambda wildcards: compare_job_resources(wildcards.name)["mem_mb"],
-        runtime=lambda wildcards: compare_job_resources(wildcards.name)["runtime"],
+        **compare_job(),
     params:
         entry=lambda wildcards: COMPARE_ENTRIES[wildcards.name],
         device=lambda wildcards: COMPARE_ENTRIES[wildcards.name].get(
@@ -47,6 +46,8 @@ rule compare_table:
     log:
         "results/logs/compare_table.log",
     threads: 1
+    resources:
+        **light_job(),
     params:
         names=COMPARE_NAMES,
         settings=COMPARE_SETTINGS,
@@ -71,6 +72,8 @@ rule figure_compare:
     log:
         "results/logs/figure_compare.log",
     threads: 1
+    resources:
+        **light_job(reads=("data",)),
     params:
         kind="compare",
         language=config["report"]["language"],

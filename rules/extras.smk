@@ -45,6 +45,27 @@ rule sweep:
         "results/benchmarks/sweep.tsv"
     # The clock must not share the CPU with other jobs: take every core.
     threads: all_cores
+    resources:
+        # every N: the counted pair, the warm-ups, the timed runs (at most `repeats`)
+        **model_job(
+            "pretrain",
+            sum(
+                (
+                    cost.greedy_pair(
+                        PROMPT_LEN,
+                        new_tokens,
+                        runs=1
+                        + EXTRAS["sweep"]["warmup"]
+                        + max(
+                            EXTRAS["sweep"]["repeats"], EXTRAS["sweep"]["long_repeats"]
+                        ),
+                    )
+                    for new_tokens in EXTRAS["sweep"]["new_tokens"]
+                ),
+                cost.Work(),
+            ),
+            timed=True,
+        ),
     params:
         **model_params(),
         new_tokens=EXTRAS["sweep"]["new_tokens"],
@@ -72,6 +93,16 @@ rule latency:
     benchmark:
         "results/benchmarks/latency.tsv"
     threads: all_cores
+    resources:
+        **model_job(
+            "pretrain",
+            cost.greedy_pair(
+                PROMPT_LEN,
+                config["lab"]["time"]["new_tokens"],
+                runs=EXTRAS["latency"]["warmup"] + EXTRAS["latency"]["repeats"],
+            ),
+            timed=True,
+        ),
     params:
         **model_params(),
         # the lab's timed generation (step 3), so the prediction compares with time.json
@@ -97,6 +128,23 @@ rule kv_capacity:
     benchmark:
         "results/benchmarks/kv_capacity.tsv"
     threads: 1
+    resources:
+        # a cache weighed for the lab's model and each architecture, in each dtype
+        **model_job(
+            "pretrain",
+            cost.forward(
+                EXTRAS["capacity"]["measure_tokens"],
+                calls=(1 + len(EXTRAS["capacity"]["architectures"]))
+                * len(EXTRAS["capacity"]["dtypes"]),
+            ),
+            extra_params=max(
+                [
+                    cost.architecture_params(a)
+                    for a in EXTRAS["capacity"]["architectures"]
+                ],
+                default=0,
+            ),
+        ),
     params:
         **model_params(),
         architectures=EXTRAS["capacity"]["architectures"],
@@ -125,6 +173,8 @@ rule topp_curve:
     benchmark:
         "results/benchmarks/topp_curve.tsv"
     threads: 1
+    resources:
+        **model_job("pretrain", TOPP_FORWARDS),
     params:
         **model_params(),
         prefix=config["lab"]["topp"]["prefix"],
@@ -152,6 +202,20 @@ rule temp_curve:
     benchmark:
         "results/benchmarks/temp_curve.tsv"
     threads: 1
+    resources:
+        **model_job(
+            "sft",
+            cost.sampled(
+                cost.chat_len_bound(config["lab"]["temp"]["question"]),
+                config["lab"]["temp"]["max_new_tokens"],
+                config["lab"]["temp"]["samples"],
+                runs=cost.grid_count_bound(
+                    EXTRAS["temp_curve"]["min"],
+                    EXTRAS["temp_curve"]["max"],
+                    EXTRAS["temp_curve"]["step"],
+                ),
+            ),
+        ),
     params:
         **model_params(),
         question=config["lab"]["temp"]["question"],
@@ -181,6 +245,8 @@ rule figure_cost_curves:
     log:
         "results/logs/figure_cost_curves.log",
     threads: 1
+    resources:
+        **light_job(reads=("data",)),
     params:
         kind="cost_curves",
         language=config["report"]["language"],
@@ -201,6 +267,8 @@ rule figure_step_times:
     log:
         "results/logs/figure_step_times.log",
     threads: 1
+    resources:
+        **light_job(reads=("data",)),
     params:
         kind="step_times",
         language=config["report"]["language"],
@@ -221,6 +289,8 @@ rule figure_topp_survivors:
     log:
         "results/logs/figure_topp_survivors.log",
     threads: 1
+    resources:
+        **light_job(reads=("data",)),
     params:
         kind="topp_survivors",
         language=config["report"]["language"],
@@ -241,6 +311,8 @@ rule figure_temperature_effect:
     log:
         "results/logs/figure_temperature_effect.log",
     threads: 1
+    resources:
+        **light_job(reads=("data",)),
     params:
         kind="temperature_effect",
         language=config["report"]["language"],
@@ -257,6 +329,8 @@ rule check:
         table="results/logs/check.log",
         verdicts="results/logs/check.json",
     threads: 1
+    resources:
+        **light_job(),
     params:
         results_dir=lambda wildcards, input: str(Path(input.checked[0]).parent),
         temperatures=config["lab"]["temp"]["temperatures"],

@@ -1,5 +1,15 @@
 # The lab sheet's steps 1-6: one rule per step, each writing the file a grader reads.
 
+# Step 6 (and its curve): one forward call after each prefix, bos in front.
+TOPP_FORWARDS = cost.forward(
+    1
+    + max(
+        cost.text_tokens_bound(config["lab"]["topp"][key])
+        for key in ("prefix", "sharp_prefix")
+    ),
+    calls=2,
+)
+
 
 rule prompt:
     input:
@@ -10,6 +20,8 @@ rule prompt:
     log:
         "results/logs/prompt.log",
     threads: 1
+    resources:
+        **light_job(reads=("val_data", "tokenizer")),
     params:
         n_docs=config["lab"]["prompt"]["n_docs"],
         cut_tokens=config["lab"]["prompt"]["cut_tokens"],
@@ -28,6 +40,9 @@ rule model_card:
     log:
         "results/logs/model_card.log",
     threads: 1
+    resources:
+        # the prompt's perplexity under each model
+        **model_job(("pretrain", "sft"), cost.forward(PROMPT_LEN, calls=2)),
     params:
         **model_params(),
         head_counts=HEAD_COUNTS,
@@ -53,6 +68,11 @@ rule same:
     log:
         "results/logs/same.log",
     threads: 1
+    resources:
+        **model_job(
+            "pretrain",
+            cost.greedy_pair(PROMPT_LEN, config["lab"]["same"]["new_tokens"]),
+        ),
     params:
         **model_params(),
         new_tokens=config["lab"]["same"]["new_tokens"],
@@ -77,6 +97,17 @@ rule timing:
         "results/benchmarks/timing.tsv"
     # The clock must not share the CPU with other jobs: take every core.
     threads: all_cores
+    resources:
+        **model_job(
+            "pretrain",
+            cost.greedy_pair(
+                PROMPT_LEN,
+                config["lab"]["time"]["new_tokens"],
+                runs=config["lab"]["time"]["warmup"]
+                + config["lab"]["time"]["repeats"],
+            ),
+            timed=True,
+        ),
     params:
         **model_params(),
         new_tokens=config["lab"]["time"]["new_tokens"],
@@ -98,6 +129,8 @@ rule kvbytes:
     log:
         "results/logs/kvbytes.log",
     threads: 1
+    resources:
+        **model_job("pretrain", cost.forward(config["lab"]["kvbytes"]["tokens"])),
     params:
         **model_params(),
         tokens=config["lab"]["kvbytes"]["tokens"],
@@ -120,6 +153,16 @@ rule temp:
     log:
         "results/logs/temp.log",
     threads: 1
+    resources:
+        **model_job(
+            "sft",
+            cost.sampled(
+                cost.chat_len_bound(config["lab"]["temp"]["question"]),
+                config["lab"]["temp"]["max_new_tokens"],
+                config["lab"]["temp"]["samples"],
+                runs=len(config["lab"]["temp"]["temperatures"]),
+            ),
+        ),
     params:
         **model_params(),
         question=config["lab"]["temp"]["question"],
@@ -145,6 +188,8 @@ rule topp:
     log:
         "results/logs/topp.log",
     threads: 1
+    resources:
+        **model_job("pretrain", TOPP_FORWARDS),
     params:
         **model_params(),
         prefix=config["lab"]["topp"]["prefix"],

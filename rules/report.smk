@@ -36,6 +36,8 @@ rule report:
     log:
         "results/logs/report.log",
     threads: 1
+    resources:
+        **light_job(),
     params:
         language=config["report"]["language"],
     script:
@@ -62,5 +64,7 @@ rule lab_tables:
     log:
         "results/logs/lab_tables.log",
     threads: 1
+    resources:
+        **light_job(),
     script:
         "../scripts/lab_tables.py"

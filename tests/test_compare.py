@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kvlab.engine.checkpoint import save_checkpoint
-from kvlab.lab.compare import CompareError, check_entries, resources
+from kvlab.lab.compare import CompareError, check_entries
 from kvlab.lab.formulas import fed_formulas
 
 from helpers import course_config, random_model, snakemake
@@ -129,9 +129,3 @@ def test_a_bad_entry_stops_the_workflow_before_any_job(tmp_path, course):
     missing = compare_config(course, [{"name": "gone", "checkpoint": str(tmp_path / "nowhere.pth")}])
     result = snakemake(tmp_path, "-n", config=missing, check=False)
     assert "config key 'compare[0]' (gone).checkpoint: file not found" in result.stdout + result.stderr
-
-
-def test_resources_grow_with_the_model():
-    small, large = resources(1_000_000, 64, 32, 10), resources(100_000_000, 64, 32, 10)
-    assert large["mem_mb"] > small["mem_mb"] >= 800
-    assert large["runtime"] > small["runtime"] >= 5

@@ -90,19 +90,6 @@ def parameter_estimate(entry: dict, checkpoint_bytes: int | None) -> int:
     return checkpoint_bytes // 2 if checkpoint_bytes else 0
 
 
-def resources(parameters: int, prompt_tokens: int, new_tokens: int, runs: int) -> dict:
-    """What a scheduler needs for one compare job: memory (the interpreter and PyTorch, the weights
-    twice while loading, activations and a cache for P + N tokens, with room to spare) and minutes
-    (every no-cache run feeds P*N + N(N-1)/2 tokens at 2 flops a parameter, at a slow 2 Gflop/s)."""
-    tokens = prompt_tokens + new_tokens
-    weights_mb = parameters * 4 * 2 / 2**20
-    activations_mb = 64 * tokens * max(parameters, 1) ** 0.5 * 4 / 2**20
-    mem_mb = int(800 + 1.5 * (weights_mb + activations_mb))
-    fed = prompt_tokens * new_tokens + new_tokens * (new_tokens - 1) // 2
-    minutes = 2 * parameters * fed * runs / 2e9 / 60
-    return {"mem_mb": mem_mb, "runtime": max(5, int(2 * minutes) + 1)}
-
-
 def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, kv_tokens: int,
                  seed: int, device) -> dict:
     """cost.json for one model: steps 1-2 (same ids, fed tokens counted by wrapping `forward`), step 3's
