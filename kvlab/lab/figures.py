@@ -82,7 +82,7 @@ TEXT = {
         "per_token_part": "per-token part (× tokens fed)",
         "step_share": "share of an average step's time (%)",
         "average_step_title": "An average step with and without the cache (ms on top)",
-        "compare_title": "The same lab, several model sizes: why the speedup grows with size",
+        "compare_title": "The same lab on several model sizes: speedup, and the fixed share of a step",
     },
     "ko": {
         "with_cache": "캐시 사용",
@@ -133,7 +133,7 @@ TEXT = {
         "per_token_part": "토큰당 부분 (× 넣은 토큰 수)",
         "step_share": "평균 한 단계 시간의 비율 (%)",
         "average_step_title": "캐시를 쓸 때와 안 쓸 때 평균 한 단계 (위 숫자는 ms)",
-        "compare_title": "같은 실습, 여러 모델 크기: 모델이 클수록 속도 향상이 커지는 이유",
+        "compare_title": "여러 크기의 모델에서 같은 실습: 속도 향상과 한 단계의 고정 비용 몫",
     },
 }
 
