@@ -21,6 +21,20 @@ rule fidelity:
     benchmark:
         "results/benchmarks/fidelity.tsv"
     threads: 1
+    resources:
+        # both checkpoints, each run by kvlab's engine and by the user's file: step 1's greedy
+        # pair, step 5's samples and step 6's forwards, four times in all
+        **model_job(
+            ("pretrain", "sft"),
+            cost.greedy_pair(PROMPT_LEN, config["lab"]["same"]["new_tokens"], runs=4)
+            + cost.sampled(
+                cost.chat_len_bound(config["lab"]["temp"]["question"]),
+                config["lab"]["temp"]["max_new_tokens"],
+                config["lab"]["temp"]["samples"],
+                runs=4 * len(config["lab"]["temp"]["temperatures"]),
+            )
+            + cost.forward(PROMPT_LEN, calls=8),
+        ),
     params:
         device=config["device"],
         dtype="float32",  # both models compared in float32, whatever the lab runs in
