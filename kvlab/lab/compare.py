@@ -14,6 +14,7 @@ without PyTorch, so the rule files can refuse a bad one before any job runs.
 
 from __future__ import annotations
 
+import math
 import re
 
 # The lab's own pretrained model: always the first row.
@@ -85,7 +86,7 @@ def parameter_estimate(entry: dict, checkpoint_bytes: int | None) -> int:
         head_dim = arch.get("head_dim") or hidden // arch["num_attention_heads"]
         q = hidden * arch["num_attention_heads"] * head_dim
         kv = 2 * hidden * arch["num_key_value_heads"] * head_dim
-        mlp = 3 * hidden * (-(-int(hidden * 3.1416) // 64) * 64)
+        mlp = 3 * hidden * (math.ceil(hidden * math.pi / 64) * 64)  # MiniMind's intermediate_size
         return layers * (2 * q + kv + mlp) + arch.get("vocab_size", DEFAULT_VOCAB_SIZE) * hidden
     return checkpoint_bytes // 2 if checkpoint_bytes else 0
 
@@ -146,14 +147,25 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     }
 
 
+def average_step_s(row: dict, use_cache: bool) -> tuple[float, float]:
+    """(fixed, per-token) seconds of an average step by a model's fit: one token fed with the cache,
+    P + (N - 1) / 2 without."""
+    fed = 1.0 if use_cache else row["prompt_len"] + (row["new_tokens"] - 1) / 2
+    return row["fit_fixed_s"], row["fit_per_token_s"] * fed
+
+
+def fixed_share(row: dict, use_cache: bool) -> float:
+    """The fixed part of an average step's time, as a share of the whole."""
+    fixed, per_token = average_step_s(row, use_cache)
+    return fixed / (fixed + per_token) if fixed + per_token > 0 else float("nan")
+
+
 def compare_rows(costs: dict[str, dict], kinds: dict[str, str]) -> list[dict]:
     """compare.csv: one row a model, in the given order, with what the figure and the report need."""
     rows = []
     for name, cost in costs.items():
-        row = {"name": name, "weights": kinds[name]}
-        row.update(cost)
-        # the fixed part of a cached step's time, as a share of the whole (one token fed)
-        step = cost["fit_fixed_s"] + cost["fit_per_token_s"]
-        row["fixed_share_of_cached_step"] = cost["fit_fixed_s"] / step if step > 0 else float("nan")
+        row = {"name": name, "weights": kinds[name], **cost}
+        row["fixed_share_with_cache"] = fixed_share(row, use_cache=True)
+        row["fixed_share_without_cache"] = fixed_share(row, use_cache=False)
         rows.append(row)
     return rows

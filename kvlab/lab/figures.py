@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
 from kvlab.io import atomic_path  # noqa: E402
+from kvlab.lab.compare import average_step_s, fixed_share  # noqa: E402
 
 LANGUAGES = ("ko", "en")
 WITH_CACHE_COLOR = "tab:blue"
@@ -351,16 +352,13 @@ def compare_curve(rows: list[dict], path, language: str = "en") -> None:
         # an average step of each mode: one token fed with the cache, P + (N - 1) / 2 without
         positions = np.arange(len(rows))
         width = 0.38
-        modes = ((-width / 2, text("with"), lambda row: 1.0),
-                 (width / 2, text("without"), lambda row: row["prompt_len"] + (row["new_tokens"] - 1) / 2))
-        for offset, label, fed_of in modes:
-            fixed = np.array([row["fit_fixed_s"] for row in rows]) * 1000
-            per_token = np.array([row["fit_per_token_s"] * fed_of(row) for row in rows]) * 1000
-            total = fixed + per_token
-            fixed_share = np.where(total > 0, fixed / total, np.nan) * 100
-            split_ax.bar(positions + offset, fixed_share, width, color="tab:grey",
+        modes = ((-width / 2, text("with"), True), (width / 2, text("without"), False))
+        for offset, label, use_cache in modes:
+            total = np.array([sum(average_step_s(row, use_cache)) for row in rows]) * 1000
+            shares = np.array([fixed_share(row, use_cache) for row in rows]) * 100
+            split_ax.bar(positions + offset, shares, width, color="tab:grey",
                          label=text("fixed_part") if offset < 0 else None)
-            split_ax.bar(positions + offset, 100 - fixed_share, width, bottom=fixed_share, color="tab:green",
+            split_ax.bar(positions + offset, 100 - shares, width, bottom=shares, color="tab:green",
                          label=text("per_token_part") if offset < 0 else None)
             for x, ms in zip(positions + offset, total):
                 split_ax.annotate(f"{ms:.1f} ms", (x, 100), textcoords="offset points", xytext=(0, 3),

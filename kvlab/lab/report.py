@@ -171,12 +171,9 @@ def extras_context(results: dict, timing: dict) -> dict:
 
 
 def compare_context(rows: list[dict]) -> dict:
-    """compare.csv with, per row, the fixed share of an average no-cache step and the speedup as a share
-    of the token ratio; and the trends over model size that the prose may state."""
+    """compare.csv with, per row, the speedup as a share of the token ratio; and the trends over model
+    size that the prose may state (the fixed share of an average no-cache step is a column of the table)."""
     for row in rows:
-        fed = row["prompt_len"] + (row["new_tokens"] - 1) / 2
-        step = row["fit_fixed_s"] + row["fit_per_token_s"] * fed
-        row["fixed_share"] = row["fit_fixed_s"] / step if step > 0 else float("nan")
         row["of_ratio"] = row["speedup"] / row["token_ratio"]
         row["formulas_match"] = (row["fed_with_cache"] == row["formula_with_cache"]
                                  and row["fed_without_cache"] == row["formula_without_cache"])
@@ -187,7 +184,7 @@ def compare_context(rows: list[dict]) -> dict:
         "smallest": by_size[0],
         "largest": by_size[-1],
         "speedup_trend": direction(row["speedup"] for row in by_size) if len(rows) > 1 else "single",
-        "fixed_share_trend": direction(row["fixed_share"] for row in by_size) if len(rows) > 1 else "single",
+        "fixed_share_trend": direction(row["fixed_share_without_cache"] for row in by_size) if len(rows) > 1 else "single",
         "all_same": all(str(row["same_ids"]) == "True" for row in rows),
         "all_match": all(row["formulas_match"] and row["bytes_match"] for row in rows),
         "random": [row["name"] for row in rows if row["weights"] != "checkpoint"],
