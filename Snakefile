@@ -11,10 +11,12 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 include: "rules/common.smk"
 include: "rules/default_model.smk"
+include: "rules/checkpoints.smk"
 include: "rules/lab.smk"
-include: "rules/report.smk"
 include: "rules/extras.smk"
 include: "rules/compare.smk"
+include: "rules/figures.smk"
+include: "rules/report.smk"
 
 
 # Only with the user's own model_minimind.py: importing it runs its code, in that one job.
@@ -31,11 +33,10 @@ onerror:
 rule all:
     default_target: True
     input:
-        LAB_RESULTS,
-        "results/report.md",
-        "results/lab_tables.html",
-        EXTRA_RESULTS,
-        FIGURES.values(),
-        COMPARE_RESULTS,
-        "results/check.json",
+        LAB_RESULTS.values(),
+        rules.report.output,
+        rules.lab_tables.output,
+        EXTRA_RESULTS.values(),
+        [figure["path"] for figure in FIGURES.values()],
+        rules.check.output,
         FIDELITY.values(),

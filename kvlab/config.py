@@ -14,7 +14,7 @@ def config_error(config: dict, schema_path) -> str | None:
     if error is None:
         return None
     key = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-    if error.validator == "additionalProperties":
+    if error.validator in ("additionalProperties", "unevaluatedProperties"):
         return f"config: {error.message} under '{key}'; see schemas/config.schema.yaml for the keys"
     expected = error.schema.get("description", "")
     detail = f" (expected: {expected})" if expected else ""

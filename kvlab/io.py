@@ -7,7 +7,9 @@ Snakemake (or a student) would take for a result.
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
@@ -46,17 +48,34 @@ def write_json_atomic(path, obj) -> None:
 
 
 def write_csv_atomic(path, rows: list[dict]) -> None:
-    """One row per dict, columns in the first row's key order."""
-    import pandas as pd  # only the CSV results need it
-
-    with atomic_path(path) as tmp:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
+    """One row per dict, columns in the first row's key order (numbers written as Python prints them)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def read_csv_rows(path) -> list[dict]:
-    import pandas as pd
+    """The rows of a CSV file as dicts, each column typed as a whole, as pandas reads it: booleans
+    (True/False), integers, floats (an empty cell is NaN), or text."""
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for column in rows[0] if rows else []:
+        values = _typed([row[column] for row in rows])
+        for row, value in zip(rows, values):
+            row[column] = value
+    return rows
 
-    return pd.read_csv(path).to_dict("records")
+
+def _typed(cells: list[str]) -> list:
+    if all(cell in ("True", "False") for cell in cells):
+        return [cell == "True" for cell in cells]
+    for convert in (int, float):
+        try:
+            return [convert(cell) if cell or convert is int else math.nan for cell in cells]
+        except ValueError:
+            continue
+    return cells
 
 
 def read_json(path):

@@ -1,14 +1,19 @@
-# Config validation and input functions shared by every rule file.
+# Shared by all the rule files. The config's validation, the workflow's files by name, the input
+# functions and the declared resources. Nothing here imports PyTorch or reads a checkpoint:
+# `snakemake -n`, --dag, --rulegraph, --lint and --report only look at paths.
 import os
+import re
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from kvlab import resources as cost
+from kvlab import resources
 from kvlab.cluster import print_failure_hints
 from kvlab.config import config_error
-from kvlab.workflow import describe_checkpoint
+from kvlab.lab import sheet
+from kvlab.lab.compare import LAB_NAME, CompareError, check_architecture, check_entries
+from kvlab.lab.compare import parameter_estimate
 from kvlab.lab.minimind_src import MiniMindSourceError, check_source_path
 
 
@@ -39,6 +44,8 @@ def _by_value(value):
 # Every rule's params are read from `config`: canonical here, canonical everywhere.
 config.update(_by_value(config))
 
+# --- the inputs: the user's files, or the embedded default's -------------------------------------
+
 # Where each input comes from when its config key is null: the embedded default's rules.
 DEFAULT_INPUTS = {
     "pretrain": "results/default/pretrain.pth",
@@ -46,11 +53,6 @@ DEFAULT_INPUTS = {
     "tokenizer": "results/default/tokenizer",
     "val_data": "results/default/corpus/pretrain_val.jsonl",
 }
-
-LAB_RESULTS = [
-    f"results/{name}.json"
-    for name in ("same", "count", "time", "kvbytes", "temp", "topp")
-]
 
 
 def _configured_path(key):
@@ -85,11 +87,6 @@ def input_path(key):
     return CONFIGURED_INPUTS.get(key, DEFAULT_INPUTS[key])
 
 
-# Beyond the sheet, only when the user names their own MiniMind code (rules/fidelity.smk):
-# {input name: path}, for `rule all` and the report.
-FIDELITY = {"fidelity": "results/fidelity.json"} if config["minimind_src"] else {}
-
-
 def tokenizer_inputs(wildcards=None):
     """The tokenizer folder's files, named, for `unpack()`: Snakemake tracks files, not folders."""
     folder = input_path("tokenizer")
@@ -99,108 +96,128 @@ def tokenizer_inputs(wildcards=None):
     return files
 
 
-def describe_configured_checkpoints():
-    """For each checkpoint the user gave: its layout and vocabulary, checked against the configured
-    tokenizer, and the head count of a MiniMind2 file measured when nobody stated it. Any problem
-    stops the run here, before a job starts, with one line."""
-    described = {}
-    for key in ("pretrain", "sft"):
-        if not config[key]:
-            continue
-        try:
-            described[key] = describe_checkpoint(
-                input_path(key),
-                config["model_overrides"],
-                tokenizer_dir=input_path("tokenizer") if config["tokenizer"] else None,
-                val_path=input_path("val_data") if config["val_data"] else None,
-                n_docs=config["lab"]["prompt"]["n_docs"],
-                cache_dir=".snakemake/kvlab",
-            )
-        except ValueError as err:
-            message = str(err)
-            if not message.startswith("config key"):
-                message = f"config key '{key}': {message}"
-            stop(message)
-    return described
+# --- the files the workflow writes, by name: `rule all`, the report and lab_tables read these ------
 
-
-CONFIGURED_CHECKPOINTS = describe_configured_checkpoints()
-# Head counts measured for MiniMind2-layout files ({"pretrain": {"num_attention_heads": 8}}), and why.
-MEASURED = {
-    key: d["measured"] for key, d in CONFIGURED_CHECKPOINTS.items() if d["measured"]
+# The lab sheet's steps 1-6 (kvlab.lab.sheet), and what those steps write beside them.
+LAB_RESULTS = {name: f"results/{file}" for name, file in sheet.LAB_RESULTS.items()}
+LAB_DETAILS = {
+    "prompt": "results/prompt.json",
+    "model_card": "results/model_card.json",
+    "time_runs": "results/time_runs.json",
+    "temp_answers": "results/temp_answers.json",
+    "topp_sharp": "results/topp_sharp.json",
 }
-HEAD_COUNTS = {
-    key: d["head_count"] for key, d in CONFIGURED_CHECKPOINTS.items() if d["head_count"]
+# Beyond the sheet (rules/extras.smk, rules/compare.smk).
+EXTRA_RESULTS = {
+    "sweep": "results/sweep.csv",
+    "latency": "results/latency.json",
+    "kv_capacity": "results/kv_capacity.csv",
+    "topp_curve": "results/topp_curve.csv",
+    "temp_curve": "results/temp_curve.csv",
+    "compare": "results/compare.csv",
 }
-
-
-def model_params():
-    """The params every job that loads a checkpoint passes on."""
-    return dict(
-        device=config["device"],
-        dtype=config["dtype"],
-        overrides=config["model_overrides"],
-        measured=MEASURED,
-    )
-
+# One rule a figure (rules/figures.smk), named by the key; its caption is report/NAME.rst.
+FIGURES = {
+    "figure_cost_curves": {"data": "sweep", "subcategory": "Cost curves"},
+    "figure_step_times": {"data": "latency", "subcategory": "Latency split"},
+    "figure_topp_survivors": {"data": "topp_curve", "subcategory": "Top-p curve"},
+    "figure_temperature_effect": {
+        "data": "temp_curve",
+        "subcategory": "Temperature curve",
+    },
+    "figure_compare": {"data": "compare", "subcategory": "Model comparison"},
+}
+for name, figure in FIGURES.items():
+    figure["path"] = f"results/figures/{name.removeprefix('figure_')}.png"
+# Only when the user names their own MiniMind code (rules/fidelity.smk).
+FIDELITY = {"fidelity": "results/fidelity.json"} if config["minimind_src"] else {}
+REPORT_INPUTS = {
+    **LAB_RESULTS,
+    **LAB_DETAILS,
+    **EXTRA_RESULTS,
+    **{name: figure["path"] for name, figure in FIGURES.items()},
+    **FIDELITY,
+}
 
 # --- the models compared side by side (rules/compare.smk) ---------------------------------------
 
-from kvlab.lab.compare import (
-    LAB_NAME,
-    CompareError,
-    check_entries,
-    parameter_estimate,
-)
-
-COMPARE_SETTINGS = config["extras"]["compare"]
+try:
+    check_entries(
+        config["compare"],
+        config["extras"]["compare"]["prompt_tokens"],
+        config["lab"]["prompt"]["cut_tokens"] + 1,
+    )
+    for index, arch in enumerate(config["extras"]["capacity"]["architectures"]):
+        check_architecture(arch, f"config key 'extras.capacity.architectures[{index}]'")
+except CompareError as err:
+    stop(str(err))
 
 
 def compare_entries():
-    """The lab's model, then the configured ones, each checked before any job runs."""
-    try:
-        check_entries(
-            config["compare"],
-            COMPARE_SETTINGS["prompt_tokens"],
-            config["lab"]["prompt"]["cut_tokens"] + 1,
-        )
-    except CompareError as err:
-        stop(str(err))
-    entries = {
-        LAB_NAME: {
-            "name": LAB_NAME,
-            "checkpoint": input_path("pretrain"),
-            "model_overrides": config["model_overrides"],
-            "measured": MEASURED.get("pretrain", {}),
-        }
-    }
+    """The lab's model (its pretrained checkpoint), then the configured ones; a checkpoint that
+    this workflow does not make must exist now."""
+    entries = {LAB_NAME: {"name": LAB_NAME, "inspected": "pretrain"}}
     for index, entry in enumerate(config["compare"]):
         entry = dict(entry)
         if "checkpoint" in entry:
             path = Path(entry["checkpoint"]).expanduser()
-            # a file this workflow makes (results/...) may not exist yet; any other must
-            if not path.is_file() and not str(entry["checkpoint"]).startswith(
-                "results/"
-            ):
+            if not path.is_file() and not str(path).startswith("results/"):
                 stop(
                     f"config key 'compare[{index}]' ({entry['name']}).checkpoint: file not found: {path}"
                 )
-            entry["checkpoint"] = str(path)
+            entry.update(checkpoint=str(path), inspected=entry["name"])
         entries[entry["name"]] = entry
     return entries
 
 
 COMPARE_ENTRIES = compare_entries()
-COMPARE_NAMES = list(COMPARE_ENTRIES)
-COMPARE_RESULTS = ["results/compare.csv", "results/figures/compare.png"]
 
 
 def compare_inputs(wildcards):
+    """The lab's prompt, and the model's checkpoint with its inspection, when it has one."""
     entry = COMPARE_ENTRIES[wildcards.name]
-    files = {"prompt": "results/prompt.json"}
-    if "checkpoint" in entry:
-        files["checkpoint"] = entry["checkpoint"]
+    files = {"prompt": LAB_DETAILS["prompt"]}
+    if "inspected" in entry:
+        inspected = checkpoint_inputs(entry["inspected"])
+        files["checkpoint"] = inspected[entry["inspected"]]
+        files["checkpoint_inspected"] = inspected[f"{entry['inspected']}_inspected"]
     return files
+
+
+# --- checkpoints: each one the config names is inspected by one job (rules/checkpoints.smk) --------
+
+CHECKPOINTS = {
+    key: {
+        "path": input_path(key),
+        "config_key": key,
+        "overrides": config["model_overrides"],
+        "compared_as": None,
+    }
+    for key in ("pretrain", "sft")
+}
+for name, entry in COMPARE_ENTRIES.items():
+    if "checkpoint" in entry:
+        CHECKPOINTS[name] = {
+            "path": entry["checkpoint"],
+            "config_key": "compare",  # and the entry's name: its index would rerun it when one before goes
+            "overrides": entry.get("model_overrides", {}),
+            "compared_as": name,
+        }
+
+
+def checkpoint_inputs(*names):
+    """Inputs of a job that loads the checkpoints `names`: each file, and what its inspection found
+    (kvlab.checkpoints.load_model_input reads both)."""
+    files = {}
+    for name in names:
+        files[name] = CHECKPOINTS[name]["path"]
+        files[f"{name}_inspected"] = f"results/checkpoints/{name}.json"
+    return files
+
+
+def model_params():
+    """The params every job that loads a checkpoint passes on."""
+    return dict(device=config["device"], dtype=config["dtype"])
 
 
 def all_cores(wildcards):
@@ -219,113 +236,61 @@ def workflow_file(path):
     return os.path.relpath(Path(workflow.basedir, path))
 
 
-# What each job asks of a scheduler (Slurm, or --resources locally): threads, mem_mb and
-# runtime (minutes) estimated from the model and the work by kvlab/resources.py, growing with
-# each retry (attempt); one GPU for a job that loads a model when the config says cuda.
-
-# The longest prompt the lab builds: bos and lab.prompt.cut_tokens tokens.
-PROMPT_LEN = cost.prompt_len_bound(config["lab"]["prompt"]["cut_tokens"])
+# --- resources: declared sizes (kvlab/resources.py), times the attempt; a site tunes them in its
+# profile. Jobs that load a model are sized by their weights' bytes and ask for a GPU on cuda;
+# jobs that time something have a node to themselves on Slurm.
 
 
-def _bytes(input, names):
-    return sum(Path(getattr(input, name)).stat().st_size for name in names)
+def declared(sizes):
+    return {
+        key: lambda wildcards, attempt, key=key: resources.declared(sizes, attempt)[key]
+        for key in sizes
+    }
 
 
-def model_job(checkpoints, work, timed=False, extra_params=0):
-    """resources: of a job that loads the input named `checkpoints` (or each of a tuple of
-    names) and does `work` (a kvlab.resources.Work), sized from the files once they exist.
-    `timed`: it measures time, so on Slurm it has a node to itself; `extra_params`: other
-    models it builds."""
-    names = (checkpoints,) if isinstance(checkpoints, str) else checkpoints
+LIGHT_JOB = declared(resources.LIGHT)
+TRAINING_JOB = declared(resources.TRAINING)
 
-    def params(input):
-        files = [_bytes(input, [name]) for name in names]
-        return sum(map(cost.checkpoint_params, files)) + extra_params, sum(files)
 
-    def mem_mb(wildcards, input, attempt):
-        held, file_bytes = params(input)
-        return cost.model_mem_mb(held, config["dtype"], work, attempt, file_bytes)
-
-    def runtime(wildcards, input, attempt):
-        return cost.runtime_minutes(work, params(input)[0], attempt)
-
-    asked = {"mem_mb": mem_mb, "runtime": runtime}
-    if config["device"] == "cuda":
-        asked["gpu"] = 1
+def sized_by(weight_bytes, device=lambda wildcards: config["device"], timed=False):
+    """resources: of a job whose models weigh `weight_bytes(wildcards, input)` in float16."""
+    asked = {
+        key: lambda wildcards, input, attempt, key=key: resources.model_sized(
+            weight_bytes(wildcards, input), attempt
+        )[key]
+        for key in resources.MODEL_BASE
+    }
+    asked["gpu"] = lambda wildcards: int(device(wildcards) == "cuda")
     if timed:
         asked["slurm_extra"] = "--exclusive"
     return asked
 
 
-def training_job(model, work):
-    """resources: of a job that trains the embedded default's `model` (its config) on `work`,
-    on the CPU (the default trains there whatever the device)."""
-    vocab_size = config["default_model"]["tokenizer"]["vocab_size"]  # an upper bound
-    params = cost.architecture_params({**model, "vocab_size": vocab_size})
-    return {
-        "mem_mb": lambda wildcards, attempt: cost.training_mem_mb(
-            params,
-            model["hidden_size"],
-            model["num_hidden_layers"],
-            vocab_size,
-            work,
-            attempt,
+def model_job(*names, timed=False, device=lambda wildcards: config["device"]):
+    """resources: of a job that loads the checkpoints `names`, sized by their files."""
+    return sized_by(
+        lambda wildcards, input: sum(
+            Path(input[name]).stat().st_size for name in names
         ),
-        "runtime": lambda wildcards, attempt: cost.runtime_minutes(
-            work, params, attempt
-        ),
-    }
-
-
-def light_job(reads=(), seconds=0.0, seconds_per_mb=0.0):
-    """resources: of a job that loads no model: the process, a few copies of the inputs named
-    in `reads`, and `seconds` plus `seconds_per_mb` of those inputs of work."""
-
-    def mem_mb(wildcards, input, attempt):
-        return cost.light_mem_mb(_bytes(input, reads), attempt)
-
-    def runtime(wildcards, input, attempt):
-        work_s = seconds + seconds_per_mb * _bytes(input, reads) / cost.MB
-        return cost.light_runtime_minutes(work_s, attempt)
-
-    return {"mem_mb": mem_mb, "runtime": runtime}
+        device=device,
+        timed=timed,
+    )
 
 
 def compare_job():
-    """resources: of compare_cost: the lab's cost steps at extras.compare's P and N (the counted
-    pair, the warm-ups, the timed runs, a cache weighed) on each model: its checkpoint once it
-    exists, else its architecture, in its own dtype, on its own device; timed."""
-    settings = COMPARE_SETTINGS
-    runs = 1 + settings["warmup"] + settings["repeats"]
-    work = cost.greedy_pair(
-        settings["prompt_tokens"], settings["new_tokens"], runs
-    ) + cost.forward(settings["kv_tokens"])
+    """resources: of compare_cost, sized by its model's parameters, on its own device; timed."""
 
-    def entry_of(wildcards):
-        return COMPARE_ENTRIES[wildcards.name]
-
-    def file_bytes(wildcards, input):
-        return (
-            _bytes(input, ["checkpoint"]) if "checkpoint" in entry_of(wildcards) else 0
+    def weight_bytes(wildcards, input):
+        entry = COMPARE_ENTRIES[wildcards.name]
+        size = (
+            Path(input.checkpoint).stat().st_size if "checkpoint" in input.keys() else 0
         )
+        return 2 * parameter_estimate(entry, size)
 
-    def mem_mb(wildcards, input, attempt):
-        size = file_bytes(wildcards, input)
-        entry = entry_of(wildcards)
-        dtype = entry.get("dtype", config["dtype"])
-        held = parameter_estimate(entry, size)
-        return cost.model_mem_mb(held, dtype, work, attempt, size)
-
-    def runtime(wildcards, input, attempt):
-        held = parameter_estimate(entry_of(wildcards), file_bytes(wildcards, input))
-        return cost.runtime_minutes(work, held, attempt)
-
-    def gpu(wildcards):
-        return int(entry_of(wildcards).get("device", config["device"]) == "cuda")
-
-    return {
-        "mem_mb": mem_mb,
-        "runtime": runtime,
-        "gpu": gpu,
-        "slurm_extra": "--exclusive",
-    }
+    return sized_by(
+        weight_bytes,
+        device=lambda wildcards: COMPARE_ENTRIES[wildcards.name].get(
+            "device", config["device"]
+        ),
+        timed=True,
+    )

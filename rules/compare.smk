@@ -1,4 +1,4 @@
-# Several models measured the same way (kvlab.lab.compare): one job per model in config["compare"],
+# Several models measured the same way (kvlab.lab.cost): one job per model in config["compare"],
 # the lab's own pretrained model first as "lab", then a table, a figure and a report section.
 # Each job's params hold its own entry only, so adding or removing a model reruns that model's job
 # and what collects the rows, never the other models' jobs.
@@ -27,7 +27,7 @@ rule compare_cost:
         dtype=lambda wildcards: COMPARE_ENTRIES[wildcards.name].get(
             "dtype", config["dtype"]
         ),
-        settings=COMPARE_SETTINGS,
+        settings=config["extras"]["compare"],
         seed=config["lab"]["kvbytes"]["seed"],
     script:
         "../scripts/compare_cost.py"
@@ -35,10 +35,10 @@ rule compare_cost:
 
 rule compare_table:
     input:
-        costs=expand("results/compare/{name}/cost.json", name=COMPARE_NAMES),
+        costs=expand("results/compare/{name}/cost.json", name=COMPARE_ENTRIES),
     output:
         table=report(
-            "results/compare.csv",
+            EXTRA_RESULTS["compare"],
             caption="../report/compare.rst",
             category="Beyond the lab",
             subcategory="Model comparison",
@@ -47,35 +47,14 @@ rule compare_table:
         "results/logs/compare_table.log",
     threads: 1
     resources:
-        **light_job(),
+        **LIGHT_JOB,
     params:
-        names=COMPARE_NAMES,
-        settings=COMPARE_SETTINGS,
+        # the caption (report/compare.rst) states P and N
+        settings=config["extras"]["compare"],
+        names=list(COMPARE_ENTRIES),
         kinds={
-            name: "checkpoint" if "checkpoint" in entry else "random (cost only)"
+            name: "random (cost only)" if "architecture" in entry else "checkpoint"
             for name, entry in COMPARE_ENTRIES.items()
         },
     script:
         "../scripts/compare_table.py"
-
-
-rule figure_compare:
-    input:
-        data="results/compare.csv",
-    output:
-        figure=report(
-            "results/figures/compare.png",
-            caption="../report/fig_compare.rst",
-            category="Beyond the lab",
-            subcategory="Model comparison",
-        ),
-    log:
-        "results/logs/figure_compare.log",
-    threads: 1
-    resources:
-        **light_job(reads=("data",)),
-    params:
-        kind="compare",
-        language=config["report"]["language"],
-    script:
-        "../scripts/figure.py"

@@ -21,14 +21,7 @@ rule corpus:
         "results/benchmarks/corpus.tsv"
     threads: 1
     resources:
-        # about 0.5 ms a document here
-        **light_job(
-            seconds=0.01
-            * sum(
-                DEFAULT_MODEL["corpus"][key]
-                for key in ("train_docs", "val_docs", "sft_examples")
-            )
-        ),
+        **LIGHT_JOB,
     params:
         seed=DEFAULT_MODEL["seed"],
         train_docs=DEFAULT_MODEL["corpus"]["train_docs"],
@@ -51,8 +44,7 @@ rule tokenizer:
         "results/benchmarks/tokenizer.tsv"
     threads: 1
     resources:
-        # BPE training: about 1 s per MB of corpus here
-        **light_job(reads=("train", "sft"), seconds_per_mb=30),
+        **LIGHT_JOB,
     params:
         vocab_size=DEFAULT_MODEL["tokenizer"]["vocab_size"],
     script:
@@ -74,14 +66,7 @@ rule pretrain:
         "results/benchmarks/pretrain.tsv"
     threads: 1
     resources:
-        **training_job(
-            DEFAULT_MODEL["model"],
-            cost.training(
-                DEFAULT_MODEL["pretrain"]["steps"],
-                DEFAULT_MODEL["pretrain"]["batch_size"],
-                DEFAULT_MODEL["pretrain"]["seq_len"],
-            ),
-        ),
+        **TRAINING_JOB,
     params:
         seed=DEFAULT_MODEL["seed"],
         model=DEFAULT_MODEL["model"],
@@ -108,14 +93,7 @@ rule sft:
         "results/benchmarks/sft.tsv"
     threads: 1
     resources:
-        **training_job(
-            DEFAULT_MODEL["model"],
-            cost.training(
-                DEFAULT_MODEL["sft"]["steps"],
-                DEFAULT_MODEL["sft"]["batch_size"],
-                DEFAULT_MODEL["sft"]["seq_len"],
-            ),
-        ),
+        **TRAINING_JOB,
     params:
         seed=DEFAULT_MODEL["seed"],
         steps=DEFAULT_MODEL["sft"]["steps"],

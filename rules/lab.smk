@@ -1,27 +1,17 @@
 # The lab sheet's steps 1-6: one rule per step, each writing the file a grader reads.
 
-# Step 6 (and its curve): one forward call after each prefix, bos in front.
-TOPP_FORWARDS = cost.forward(
-    1
-    + max(
-        cost.text_tokens_bound(config["lab"]["topp"][key])
-        for key in ("prefix", "sharp_prefix")
-    ),
-    calls=2,
-)
-
 
 rule prompt:
     input:
         unpack(tokenizer_inputs),
         val_data=input_path("val_data"),
     output:
-        prompt="results/prompt.json",
+        prompt=LAB_DETAILS["prompt"],
     log:
         "results/logs/prompt.log",
     threads: 1
     resources:
-        **light_job(reads=("val_data", "tokenizer")),
+        **LIGHT_JOB,
     params:
         n_docs=config["lab"]["prompt"]["n_docs"],
         cut_tokens=config["lab"]["prompt"]["cut_tokens"],
@@ -32,36 +22,33 @@ rule prompt:
 rule model_card:
     input:
         unpack(tokenizer_inputs),
-        prompt="results/prompt.json",
-        pretrain=input_path("pretrain"),
-        sft=input_path("sft"),
+        **checkpoint_inputs("pretrain", "sft"),
+        prompt=LAB_DETAILS["prompt"],
     output:
-        card="results/model_card.json",
+        card=LAB_DETAILS["model_card"],
     log:
         "results/logs/model_card.log",
     threads: 1
     resources:
-        # the prompt's perplexity under each model
-        **model_job(("pretrain", "sft"), cost.forward(PROMPT_LEN, calls=2)),
+        **model_job("pretrain", "sft"),
     params:
         **model_params(),
-        head_counts=HEAD_COUNTS,
     script:
         "../scripts/model_card.py"
 
 
 rule same:
     input:
-        prompt="results/prompt.json",
-        pretrain=input_path("pretrain"),
+        **checkpoint_inputs("pretrain"),
+        prompt=LAB_DETAILS["prompt"],
     output:
         same=report(
-            "results/same.json",
+            LAB_RESULTS["same"],
             caption="../report/same.rst",
             category="Lab sheet",
         ),
-        fed=report(
-            "results/count.json",
+        counts=report(
+            LAB_RESULTS["counts"],
             caption="../report/count.rst",
             category="Lab sheet",
         ),
@@ -69,10 +56,7 @@ rule same:
         "results/logs/same.log",
     threads: 1
     resources:
-        **model_job(
-            "pretrain",
-            cost.greedy_pair(PROMPT_LEN, config["lab"]["same"]["new_tokens"]),
-        ),
+        **model_job("pretrain"),
     params:
         **model_params(),
         new_tokens=config["lab"]["same"]["new_tokens"],
@@ -82,15 +66,15 @@ rule same:
 
 rule timing:
     input:
-        prompt="results/prompt.json",
-        pretrain=input_path("pretrain"),
+        **checkpoint_inputs("pretrain"),
+        prompt=LAB_DETAILS["prompt"],
     output:
         time=report(
-            "results/time.json",
+            LAB_RESULTS["time"],
             caption="../report/time.rst",
             category="Lab sheet",
         ),
-        runs="results/time_runs.json",
+        runs=LAB_DETAILS["time_runs"],
     log:
         "results/logs/timing.log",
     benchmark:
@@ -98,16 +82,7 @@ rule timing:
     # The clock must not share the CPU with other jobs: take every core.
     threads: all_cores
     resources:
-        **model_job(
-            "pretrain",
-            cost.greedy_pair(
-                PROMPT_LEN,
-                config["lab"]["time"]["new_tokens"],
-                runs=config["lab"]["time"]["warmup"]
-                + config["lab"]["time"]["repeats"],
-            ),
-            timed=True,
-        ),
+        **model_job("pretrain", timed=True),
     params:
         **model_params(),
         new_tokens=config["lab"]["time"]["new_tokens"],
@@ -119,10 +94,10 @@ rule timing:
 
 rule kvbytes:
     input:
-        pretrain=input_path("pretrain"),
+        **checkpoint_inputs("pretrain"),
     output:
         kvbytes=report(
-            "results/kvbytes.json",
+            LAB_RESULTS["kvbytes"],
             caption="../report/kvbytes.rst",
             category="Lab sheet",
         ),
@@ -130,7 +105,7 @@ rule kvbytes:
         "results/logs/kvbytes.log",
     threads: 1
     resources:
-        **model_job("pretrain", cost.forward(config["lab"]["kvbytes"]["tokens"])),
+        **model_job("pretrain"),
     params:
         **model_params(),
         tokens=config["lab"]["kvbytes"]["tokens"],
@@ -142,27 +117,19 @@ rule kvbytes:
 rule temp:
     input:
         unpack(tokenizer_inputs),
-        sft=input_path("sft"),
+        **checkpoint_inputs("sft"),
     output:
         temp=report(
-            "results/temp.json",
+            LAB_RESULTS["temp"],
             caption="../report/temp.rst",
             category="Lab sheet",
         ),
-        answers="results/temp_answers.json",
+        answers=LAB_DETAILS["temp_answers"],
     log:
         "results/logs/temp.log",
     threads: 1
     resources:
-        **model_job(
-            "sft",
-            cost.sampled(
-                cost.chat_len_bound(config["lab"]["temp"]["question"]),
-                config["lab"]["temp"]["max_new_tokens"],
-                config["lab"]["temp"]["samples"],
-                runs=len(config["lab"]["temp"]["temperatures"]),
-            ),
-        ),
+        **model_job("sft"),
     params:
         **model_params(),
         question=config["lab"]["temp"]["question"],
@@ -177,19 +144,19 @@ rule temp:
 rule topp:
     input:
         unpack(tokenizer_inputs),
-        pretrain=input_path("pretrain"),
+        **checkpoint_inputs("pretrain"),
     output:
         topp=report(
-            "results/topp.json",
+            LAB_RESULTS["topp"],
             caption="../report/topp.rst",
             category="Lab sheet",
         ),
-        sharp="results/topp_sharp.json",
+        sharp=LAB_DETAILS["topp_sharp"],
     log:
         "results/logs/topp.log",
     threads: 1
     resources:
-        **model_job("pretrain", TOPP_FORWARDS),
+        **model_job("pretrain"),
     params:
         **model_params(),
         prefix=config["lab"]["topp"]["prefix"],

@@ -1,9 +1,11 @@
 """One model of `compare`: the lab's cost steps on the lab's prompt cut to P tokens."""
+from kvlab.checkpoints import load_inspected
 from kvlab.engine.device import resolve_device, resolve_dtype
 from kvlab.io import read_json, write_json_atomic
 from kvlab.lab.capacity import architecture_model
-from kvlab.lab.compare import CompareError, architecture_fields, measure_cost
-from kvlab.workflow import load_checkpoint, log, run
+from kvlab.lab.compare import CompareError
+from kvlab.lab.cost import measure_cost
+from kvlab.workflow import log, run
 
 
 def main(snakemake):
@@ -12,13 +14,12 @@ def main(snakemake):
     prompt_ids = read_json(snakemake.input.prompt)["ids"][: settings["prompt_tokens"]]
     if "architecture" in entry:
         device = resolve_device(p.device)
-        positions = len(prompt_ids) + settings["new_tokens"]
-        model = architecture_model(architecture_fields(entry["architecture"]), positions)
+        model = architecture_model(entry["architecture"], positions=len(prompt_ids) + settings["new_tokens"])
         model = model.to(device=device, dtype=resolve_dtype(p.dtype))
         log.info("%s: seeded random weights, %s", entry["name"], model.config.to_dict())
     else:
-        model, device = load_checkpoint(snakemake.input.checkpoint, p.device, p.dtype,
-                                        entry.get("model_overrides", {}), entry.get("measured", {}))
+        inspection = read_json(snakemake.input.checkpoint_inspected)
+        model, device = load_inspected(snakemake.input.checkpoint, inspection, p.device, p.dtype)
     try:
         cost = measure_cost(model, prompt_ids, settings["new_tokens"], settings["warmup"], settings["repeats"],
                             settings["kv_tokens"], p.seed, device)

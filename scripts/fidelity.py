@@ -2,7 +2,8 @@
 Importing that file runs its code; only this job does."""
 from kvlab.io import read_json, write_json_atomic
 from kvlab.lab.fidelity import LabSettings, hold_against_minimind
-from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import load_tokenizer_input, log, run
 
 
 def main(snakemake):
@@ -10,7 +11,7 @@ def main(snakemake):
     p = snakemake.params
     checkpoints = {}
     for name in ("pretrain", "sft"):
-        model, device = load_model_input(snakemake, name, tokenizer)
+        model, device = load_model_input(snakemake, name)
         checkpoints[name] = (snakemake.input[name], model)
     settings = LabSettings(
         prompt_ids=read_json(snakemake.input.prompt)["ids"], new_tokens=p.new_tokens, question=p.question,

@@ -1,7 +1,8 @@
 """KV capacity: bytes per token (formula and measured) and requests per memory budget."""
 from kvlab.lab.capacity import kv_capacity
 from kvlab.io import write_csv_atomic
-from kvlab.workflow import load_model_input, log, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import log, run
 
 
 def main(snakemake):

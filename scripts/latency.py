@@ -1,7 +1,8 @@
 """Latency split: every forward call of the lab's timed generation, both modes; TTFT, TPOT, a fit."""
 from kvlab.lab.curves import step_latency
 from kvlab.io import read_json, write_json_atomic
-from kvlab.workflow import load_model_input, log, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import log, run
 
 
 def main(snakemake):

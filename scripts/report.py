@@ -5,8 +5,8 @@ from kvlab.workflow import run
 
 
 def main(snakemake):
-    # the template finds each file by its stem (figures apart: results/figures/NAME.png)
-    results = [path for name, path in snakemake.input.items() if name != "template"]
+    # the template reads each result by its input name
+    results = {name: path for name, path in snakemake.input.items() if name != "template"}
     text = render_report(snakemake.input.template, results, snakemake.params.language)
     write_text_atomic(snakemake.output.report, text)
 

@@ -1,7 +1,8 @@
 """Steps 1-2: greedy with and without the cache; same tokens? how many tokens fed?"""
 from kvlab.io import read_json, write_json_atomic
 from kvlab.lab.steps import greedy_with_and_without_cache
-from kvlab.workflow import load_model_input, log, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import log, run
 
 
 def main(snakemake):
@@ -10,7 +11,7 @@ def main(snakemake):
     same, count = greedy_with_and_without_cache(model, prompt["ids"], snakemake.params.new_tokens, device)
     log.info("same_ids %s; fed %d with cache, %d without", same["same_ids"], count["fed_with_cache"], count["fed_without_cache"])
     write_json_atomic(snakemake.output.same, same)
-    write_json_atomic(snakemake.output.fed, count)
+    write_json_atomic(snakemake.output.counts, count)
 
 
 run(snakemake, main)

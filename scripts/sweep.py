@@ -1,7 +1,8 @@
 """Cost curves: the lab's steps 1-3 (fed tokens, same ids, median time) for every N in the sweep."""
 from kvlab.lab.curves import cost_sweep
 from kvlab.io import read_json, write_csv_atomic
-from kvlab.workflow import load_model_input, log, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import log, run
 
 
 def main(snakemake):

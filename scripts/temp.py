@@ -1,12 +1,13 @@
 """Step 5: distinct SFT answers at each temperature."""
 from kvlab.io import write_json_atomic
 from kvlab.lab.steps import temperature_answers
-from kvlab.workflow import load_model_input, load_tokenizer_input, log, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import load_tokenizer_input, log, run
 
 
 def main(snakemake):
     tokenizer = load_tokenizer_input(snakemake)
-    model, device = load_model_input(snakemake, "sft", tokenizer)
+    model, device = load_model_input(snakemake, "sft")
     p = snakemake.params
     counts, side = temperature_answers(model, tokenizer, p.question, p.temperatures, p.samples, p.max_new_tokens, p.seed, device)
     log.info("distinct answers: %s", counts)

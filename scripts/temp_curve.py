@@ -1,12 +1,13 @@
 """Temperature curve: distinct SFT answers and mean sampled entropy for a grid of temperatures."""
 from kvlab.lab.curves import grid, temperature_curve
 from kvlab.io import write_csv_atomic, write_json_atomic
-from kvlab.workflow import load_model_input, load_tokenizer_input, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import load_tokenizer_input, run
 
 
 def main(snakemake):
     tokenizer = load_tokenizer_input(snakemake)
-    model, device = load_model_input(snakemake, "sft", tokenizer)
+    model, device = load_model_input(snakemake, "sft")
     p = snakemake.params
     temperatures = grid(p.t_min, p.t_max, p.t_step)
     rows, answers = temperature_curve(model, tokenizer, p.question, temperatures, p.samples, p.max_new_tokens,

@@ -1,7 +1,8 @@
 """Step 3: median generation time with and without the cache, after warm-up."""
 from kvlab.io import read_json, write_json_atomic
 from kvlab.lab.steps import time_generation
-from kvlab.workflow import load_model_input, log, run
+from kvlab.checkpoints import load_model_input
+from kvlab.workflow import log, run
 
 
 def main(snakemake):

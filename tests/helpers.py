@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.config import MiniMindConfig
+from kvlab.engine.model import MiniMindForCausalLM
 
 LAB_ARCH = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 
@@ -51,13 +52,22 @@ def snakemake_cmd(workdir, *args, config=None, cores=2, snakefile=None) -> list[
     return cmd
 
 
-def snakemake(workdir, *args, config=None, check=True, cores=2, snakefile=None):
-    """Run the workflow; returns the CompletedProcess (asserting success when `check`)."""
+def snakemake(workdir, *args, config=None, check=True, cores=2, snakefile=None, env=None):
+    """Run the workflow (with the environment `env`, default this one's); returns the CompletedProcess
+    (asserting success when `check`)."""
     result = subprocess.run(snakemake_cmd(workdir, *args, config=config, cores=cores, snakefile=snakefile),
-                            capture_output=True, text=True, cwd=workdir)
+                            capture_output=True, text=True, cwd=workdir, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+def model_jobs_run(workdir) -> set[str]:
+    """The jobs that ran in `workdir` (each writes results/logs/NAME.log), but the checkpoints'
+    inspections and the prompt (it loads no model, so it may run beside an inspection)."""
+    logs = Path(workdir, "results", "logs")
+    return {str(path.relative_to(logs).with_suffix("")) for path in logs.rglob("*.log")
+            if path.parent.name != "checkpoints"} - {"prompt"}
 
 
 def dry_run_jobs(workdir, *targets, config=None, snakefile=None):

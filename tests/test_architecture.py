@@ -14,7 +14,7 @@ from kvlab.engine.checkpoint import CheckpointError, load_model, read_state_dict
 from kvlab.engine.data import read_texts
 from kvlab.engine.tokenizer import load_tokenizer, vocab_mismatch
 
-from helpers import course_config, random_model, snakemake
+from helpers import course_config, model_jobs_run, random_model, snakemake
 
 MINIMIND2 = dict(hidden_size=64, num_hidden_layers=2, num_key_value_heads=2, qk_norm=False, rms_norm_eps=1e-5)
 
@@ -123,6 +123,9 @@ def test_vocab_mismatch_rule():
 def test_workflow_measures_the_head_count_and_says_so(tmp_path, minimind2_course, heads):
     config = course_with(minimind2_course, minimind2_course["files"][heads])
     snakemake(tmp_path, "results/kvbytes.json", "results/model_card.json", config=config)
+    inspection = json.loads((tmp_path / "results" / "checkpoints" / "pretrain.json").read_text())
+    assert inspection["head_count"]["chosen"] == heads and inspection["sources"]["num_attention_heads"] == "measured"
+    assert inspection["tokenizer"]["fits"] is True and inspection["config"]["head_dim"] == 64 // heads
     kv = json.loads((tmp_path / "results" / "kvbytes.json").read_text())
     assert kv["k_shape"][2:] == [2, 64 // heads]  # 2 KV heads of head_dim 64 / heads
     card = json.loads((tmp_path / "results" / "model_card.json").read_text())
@@ -136,15 +139,16 @@ def test_workflow_measures_the_head_count_and_says_so(tmp_path, minimind2_course
     assert f"num_attention_heads': '{heads} (measured)" in log
 
 
-def test_workflow_stops_before_any_job_when_the_head_count_cannot_be_measured(tmp_path, minimind2_course):
+def test_workflow_stops_before_any_model_job_when_the_head_count_cannot_be_measured(tmp_path, minimind2_course):
     config = course_with(minimind2_course, minimind2_course["files"]["random"])
     result = snakemake(tmp_path, "results/kvbytes.json", config=config, check=False)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     lines = [line for line in output.splitlines() if OVERRIDE_KEY in line]
     assert len(lines) == 1 and "no clear winner" in lines[0] and "minimind2_random.pth" in lines[0]
-    assert "Traceback" not in output
-    assert not (tmp_path / "results").exists()  # no job ran
+    assert "kvlab error in rule inspect_checkpoint" in lines[0] and "Traceback" not in output
+    assert model_jobs_run(tmp_path) == set()  # no model job ran
+    assert not (tmp_path / "results" / "checkpoints" / "pretrain.json").exists()
 
 
 def test_workflow_uses_a_stated_head_count(tmp_path, minimind2_course):
@@ -154,7 +158,7 @@ def test_workflow_uses_a_stated_head_count(tmp_path, minimind2_course):
     assert json.loads((tmp_path / "results" / "kvbytes.json").read_text())["k_shape"][2:] == [2, 16]
 
 
-def test_a_tokenizer_that_does_not_belong_is_caught_before_any_job(tmp_path, minimind2_course):
+def test_a_tokenizer_that_does_not_belong_is_caught_before_any_model_job(tmp_path, minimind2_course):
     big = tmp_path / "big_vocab.pth"
     save_checkpoint(random_model(0, vocab_size=6400), big)
     files = {"pretrain": big, "sft": big, "tokenizer": minimind2_course["tokenizer"],
@@ -164,4 +168,16 @@ def test_a_tokenizer_that_does_not_belong_is_caught_before_any_job(tmp_path, min
     output = result.stdout + result.stderr
     line = next(line for line in output.splitlines() if "do not belong together" in line)
     assert "big_vocab.pth" in line and "vocab_size=6400" in line and "Traceback" not in output
-    assert not (tmp_path / "results").exists()
+    assert model_jobs_run(tmp_path) == set()
+
+
+def test_a_compared_minimind2_checkpoint_gets_its_head_count_measured_too(tmp_path, minimind2_course):
+    files = minimind2_course["files"]
+    config = {**course_with(minimind2_course, files[8]),
+              "compare": [{"name": "four-heads", "checkpoint": str(files[4])}]}
+    snakemake(tmp_path, "results/compare.csv", config=config)
+    inspection = json.loads((tmp_path / "results" / "checkpoints" / "four-heads.json").read_text())
+    assert inspection["head_count"]["chosen"] == 4 and inspection["sources"]["num_attention_heads"] == "measured"
+    heads = {name: json.loads((tmp_path / "results" / "compare" / name / "cost.json").read_text())["heads"]
+             for name in ("lab", "four-heads")}
+    assert heads == {"lab": 8, "four-heads": 4}

@@ -4,7 +4,10 @@ import pickle
 import pytest
 import torch
 
-from kvlab.engine.checkpoint import CheckpointError, infer_config, load_model, save_checkpoint
+from kvlab.engine.architecture import infer_architecture
+from kvlab.engine.checkpoint import CheckpointError, check_keys_and_shapes, load_model, save_checkpoint
+from kvlab.engine.config import MiniMindConfig
+from kvlab.engine.model import MiniMindForCausalLM, count_parameters, kv_cache_bytes
 from kvlab.lab.steps import GREEDY
 
 from helpers import random_model
@@ -56,12 +59,34 @@ def test_wrapped_state_dict_and_mini_mind2_layout(tmp_path):
     assert torch.equal(loaded.generate(prompt, max_new_tokens=5, **GREEDY), half_model.generate(prompt, max_new_tokens=5, **GREEDY))
 
 
-def test_infer_config_reads_every_shape_field():
+def test_every_shape_field_is_read_off_the_tensors():
     model = random_model(3, vocab_size=500, intermediate_size=320)
-    config = infer_config(model.state_dict())
+    config = infer_architecture(model.state_dict()).config
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (500, 128, 4)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 32)
     assert config.intermediate_size == 320 and config.qk_norm
+
+
+def test_a_tied_checkpoint_without_lm_head_loads_and_is_left_as_it_was():
+    model = random_model(5)
+    state = {key: value for key, value in model.state_dict().items() if key != "lm_head.weight"}
+    loadable = check_keys_and_shapes("tied.pth", model, state)
+    assert "lm_head.weight" not in state  # the argument is not changed
+    assert torch.equal(loadable["lm_head.weight"], state["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("arch", [{}, {"vocab_size": 1884, "hidden_size": 128, "num_hidden_layers": 4,
+                                       "num_attention_heads": 4, "num_key_value_heads": 2},
+                                  {"qk_norm": False, "tie_word_embeddings": False, "head_dim": 96}])
+def test_the_configs_arithmetic_is_the_built_models(arch):
+    """parameter_count and kv_bytes_per_token, free of PyTorch, against the model and a cache it builds."""
+    config = MiniMindConfig(**{"max_position_embeddings": 64, **arch})
+    model = MiniMindForCausalLM(config)
+    assert config.parameter_count() == count_parameters(model)
+    with torch.inference_mode():
+        cache = model(torch.ones(1, 3, dtype=torch.long), use_cache=True).past_key_values
+    assert 3 * config.kv_bytes_per_token("float32") == kv_cache_bytes(cache)
+    assert config.kv_bytes_per_token("float16") * 2 == config.kv_bytes_per_token("float32")
 
 
 def test_shape_mismatch_names_the_tensor_and_both_shapes(tmp_path):

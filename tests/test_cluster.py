@@ -110,7 +110,7 @@ def test_targets_run_through_sbatch_and_match_a_local_run(tmp_path, course):
 
     # Every job went through sbatch, ran as the rule its comment names, and completed.
     jobs = submitted_jobs(output)
-    assert set(jobs) == {"prompt", "kvbytes", "topp", "timing", "compare_cost"}, output[-4000:]
+    assert set(jobs) == {"inspect_checkpoint", "prompt", "kvbytes", "topp", "timing", "compare_cost"}, output[-4000:]
     states = squeue([job for ids in jobs.values() for job in ids])
     for rule, ids in jobs.items():
         for job in ids:

@@ -105,6 +105,7 @@ def test_a_checkpoint_with_too_small_a_vocabulary_fails_its_job_naming_the_entry
     ([{"name": "a b", "architecture": TINY}], {}, "compare[0]'.name: 'a b' must be letters"),
     ([{"name": "x", "architecture": TINY}, {"name": "x", "architecture": TINY}], {}, "(x).name: 'x' is used twice"),
     ([{"name": "lab", "architecture": TINY}], {}, "'lab' is the lab's own model"),
+    ([{"name": "sft", "checkpoint": "sft.pth"}], {}, "'sft' names the lab's SFT checkpoint"),
     ([{"name": "x", "architecture": TINY, "checkpoint": "a.pth"}], {}, "exactly one of 'checkpoint' and 'architecture' (found both)"),
     ([{"name": "x"}], {}, "(found neither)"),
     ([{"name": "x", "architecture": {**TINY, "num_key_value_heads": 3, "num_attention_heads": 4}}], {},

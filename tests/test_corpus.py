@@ -3,6 +3,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from kvlab.default_model.corpus import (
     LAB_QUESTION,
@@ -14,6 +15,8 @@ from kvlab.default_model.corpus import (
     particle,
     write_corpus,
 )
+
+from helpers import ROOT
 
 
 @pytest.mark.parametrize(
@@ -161,3 +164,9 @@ def test_jsonl_formats(tmp_path):
 def test_lab_question_is_present_even_in_a_tiny_chat_set():
     sft = make_corpus(5, 1, 1, 1)["sft"]
     assert sft[0][0]["content"] == LAB_QUESTION
+
+
+def test_the_lab_question_is_the_configs():
+    """The default world guarantees an answer to the lab's question: the one config.yaml asks (lab.temp)."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))
+    assert config["lab"]["temp"]["question"] == LAB_QUESTION

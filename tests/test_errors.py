@@ -15,7 +15,7 @@ from kvlab.engine.data import DataError, read_texts
 from kvlab.lab.prompt import make_prompt
 from kvlab.engine.tokenizer import load_tokenizer
 
-from helpers import course_config, random_model, snakemake, snakemake_cmd
+from helpers import course_config, model_jobs_run, random_model, snakemake, snakemake_cmd
 
 RESULT_NAMES = ["prompt", "same", "count", "time", "kvbytes", "temp", "topp"]
 
@@ -148,7 +148,7 @@ def test_not_a_state_dict(tmp_path):
         load_model(tmp_path / "list.pth")
 
 
-def test_tokenizer_too_big_for_the_checkpoint_stops_before_any_job(tmp_path, course):
+def test_tokenizer_too_big_for_the_checkpoint_stops_before_any_model_job(tmp_path, course):
     small = tmp_path / "small.pth"
     save_checkpoint(random_model(vocab_size=100), small)
     config = {**course_config(course), "pretrain": str(small)}
@@ -156,7 +156,7 @@ def test_tokenizer_too_big_for_the_checkpoint_stops_before_any_job(tmp_path, cou
     assert result.returncode != 0
     line = error_line(result, "do not belong together")
     assert "config key 'pretrain'" in line and "small.pth" in line and "vocab_size=100" in line
-    assert not (tmp_path / "results").exists()
+    assert model_jobs_run(tmp_path) == set()
 
 
 def test_padded_model_vocabulary_is_fine(tmp_path, course):

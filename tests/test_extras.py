@@ -4,6 +4,9 @@ and on a folder with one number altered. One tiny build, shared by the module.""
 import base64
 import json
 import math
+import os
+import subprocess
+import sys
 import re
 import shutil
 import statistics
@@ -20,10 +23,10 @@ from PIL import Image
 
 from kvlab.lab import check, curves, figures, steps, tables
 from kvlab.lab.capacity import GIB, capacity_rows, vllm_line
-from kvlab.engine.model import MiniMindConfig
+from kvlab.engine.config import MiniMindConfig
 from kvlab.lab.formulas import fed_formulas
 
-from helpers import ROOT, SMALL_LAB, TINY_ARCH, course_config, dry_run_jobs, random_model, snakemake
+from helpers import ROOT, SMALL_LAB, course_config, dry_run_jobs, random_model, snakemake
 
 def extras_config(course, **extras):
     config = course_config(course)
@@ -189,7 +192,7 @@ def test_lab_tables_escape_html(tmp_path):
     """A value that looks like markup is shown as text: the template autoescapes."""
     paths = {}
     for stem, data in {"same": {"same_ids": True, "ids": [1], "prompt_len": 3, "new_tokens": 1},
-                       "count": {"prompt_len": 3, "new_tokens": 1, "fed_with_cache": 3, "fed_without_cache": 3},
+                       "counts": {"prompt_len": 3, "new_tokens": 1, "fed_with_cache": 3, "fed_without_cache": 3},
                        "time": {"with_cache_s": 1.0, "without_cache_s": 2.0, "speedup": 2.0},
                        "kvbytes": {"tokens": 1, "measured_bytes": 8, "formula_bytes": 8, "k_shape": [1, 1, 1, 1]},
                        "temp": {"<script>": {"distinct": 1}}, "topp": {"0.5": 1}}.items():
@@ -200,12 +203,20 @@ def test_lab_tables_escape_html(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["--report", "results/report.html"], ["--dag"], ["--rulegraph"], ["--lint"],
-                                     ["-n"], ["--summary"]])
-def test_commands_that_run_no_job_need_no_cores(built, course, command):
-    """As a newcomer types them after a build: no --cores (the timing rules' threads used to need it)."""
-    result = snakemake(built.parent, *command, config=extras_config(course), cores=None, check=False)
+                                     ["-n"], ["--summary"], ["-n", "--forceall"]])
+def test_commands_that_run_no_job_need_no_cores_and_no_pytorch(built, course, command, tmp_path):
+    """As a newcomer types them after a build: no --cores (the timing rules' threads used to need it).
+    And with `import torch` made to fail: Snakemake's own process neither imports PyTorch nor loads a
+    checkpoint (the course's files are configured; the inspection jobs read them)."""
+    poisoned = tmp_path / "no_torch" / "torch"
+    poisoned.mkdir(parents=True)
+    (poisoned / "__init__.py").write_text("raise ImportError('a command that runs no job imported torch')\n")
+    env = {**os.environ, "PYTHONPATH": str(poisoned.parent)}
+    assert subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True).returncode != 0
+    result = snakemake(built.parent, *command, config=extras_config(course), cores=None, check=False, env=env)
     output = result.stdout + result.stderr
     assert "number of cores" not in output and "Traceback" not in output, output[-3000:]
+    assert "imported torch" not in output, output[-3000:]
     if command == ["--lint"]:
         # --lint exits 1 when it has advice; the only advice may be the one this pip-installed
         # workflow does not take (a conda environment or container per rule)

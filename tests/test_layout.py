@@ -1,12 +1,15 @@
-"""The tree's own rules, checked by the tools that own them: the package's layering
-(import-linter's contracts in pyproject.toml) and the workflow files' format (snakefmt)."""
+"""The tree's own rules, checked by the tools that own them: the package's layering and the modules
+that never import PyTorch (import-linter's contracts in pyproject.toml), the workflow files' format
+(snakefmt), and one home for the config's defaults."""
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 
 from helpers import ROOT
 
@@ -34,6 +37,8 @@ def test_layering_contracts_are_kept():
         ("default_model/train.py", "import kvlab.lab.formulas", "Parts:"),
         ("engine/tokenizer.py", "import kvlab.workflow", "Parts:"),
         ("lab/check.py", "import snakemake", "No kvlab module imports Snakemake"),
+        ("lab/report.py", "import torch", "Never PyTorch"),  # the report job starts without it
+        ("resources.py", "from kvlab.engine import model", "Never PyTorch"),  # so does Snakemake's process
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(tmp_path, module, line, contract):
@@ -53,3 +58,28 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path, module, line, contract):
 def test_workflow_files_are_snakefmt_clean():
     result = subprocess.run([str(BIN / "snakefmt"), "--check", "."], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def schema_paths(node, path=""):
+    """(path, key) of every keyword in the schema."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield path, key
+            yield from schema_paths(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for item in node:
+            yield from schema_paths(item, path)
+
+
+def test_the_defaults_live_in_config_yaml_alone():
+    """config.yaml holds every key's default; the schema describes and checks them and holds none, and
+    requires every key of each settings object, so config.yaml cannot leave one out."""
+    schema = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text(encoding="utf-8"))
+    config = yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))
+    assert [path for path, key in schema_paths(schema) if key == "default"] == []
+    jsonschema.Draft202012Validator(schema).validate(config)
+    for name, knobs in config["lab"].items():
+        assert set(schema["properties"]["lab"]["properties"][name]["required"]) == set(knobs), name
+    without_seed = {**config, "default_model": {k: v for k, v in config["default_model"].items() if k != "seed"}}
+    with pytest.raises(jsonschema.ValidationError, match="'seed' is a required property"):
+        jsonschema.Draft202012Validator(schema).validate(without_seed)

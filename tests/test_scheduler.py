@@ -1,4 +1,4 @@
-"""What each job asks of a scheduler (kvlab/resources.py, the rules' resources:), the hints when
+"""What each job asks of a scheduler (kvlab/resources.py, rules/common.smk), the hints when
 Slurm refuses a run (kvlab/cluster.py), and a job stopped the way Slurm stops one. No Slurm needed:
 tests/test_cluster.py runs the workflow on a real one."""
 import re
@@ -9,54 +9,26 @@ import textwrap
 
 import pytest
 
-from kvlab import resources as cost
+from kvlab import resources
 from kvlab.cluster import INSTALL_PLUGIN, NO_SBATCH, failure_hints
 
 from helpers import ROOT, course_config, snakemake
 
-MODEL_RULES = {"model_card", "same", "timing", "kvbytes", "temp", "topp", "sweep", "latency", "kv_capacity",
-               "topp_curve", "temp_curve", "compare_cost"}
+MODEL_RULES = {"inspect_checkpoint", "model_card", "same", "timing", "kvbytes", "temp", "topp", "sweep", "latency",
+               "kv_capacity", "topp_curve", "temp_curve", "compare_cost"}
 TIMED_RULES = {"timing", "sweep", "latency", "compare_cost"}
 MB = 1024**2
 
 
-def checkpoint_mem_mb(file_bytes, dtype="float32", work=cost.greedy_pair(201, 64, runs=4), attempt=1):
-    return cost.model_mem_mb(cost.checkpoint_params(file_bytes), dtype, work, attempt, file_bytes)
-
-
-def test_memory_follows_the_model_and_grows_with_each_attempt():
-    small, big = checkpoint_mem_mb(5 * MB), checkpoint_mem_mb(200 * MB)
-    # per MB of file: the file as read (1 MB) and the model in float32, twice while casting: a file
-    # holds at least 2 bytes a parameter, so 2 copies x 4 bytes / 2 bytes = 4 MB
-    assert big - small == pytest.approx(195 * (1 + 4), abs=2)
-    assert checkpoint_mem_mb(200 * MB, "float16") < big
-    assert checkpoint_mem_mb(200 * MB, attempt=2) == 2 * big
-    assert small >= cost.PROCESS_MB
-    # an architecture's count is the compare rule's own (kvlab.lab.compare.parameter_estimate)
-    small_arch = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}
-    assert cost.architecture_params({**small_arch, "hidden_size": 768}) > cost.architecture_params(small_arch)
-
-
-def test_runtime_follows_the_work():
-    params = cost.checkpoint_params(200 * MB)
-    lab = cost.runtime_minutes(cost.greedy_pair(201, 64, runs=4), params)
-    longer = cost.runtime_minutes(cost.greedy_pair(201, 256, runs=4), params)
-    assert lab < longer and lab > cost.STARTUP_S / 60
-    assert cost.runtime_minutes(cost.greedy_pair(201, 64, runs=4), params, attempt=3) == 3 * lab
-    # the fed tokens are the lab's own formulas: P+N-1 with the cache, P*N+N(N-1)/2 without, per run
-    assert cost.greedy_pair(201, 64, runs=4).fed_tokens == 4 * (264 + 14880)
-    assert cost.training(300, 16, 128).trained_tokens == 300 * 16 * 128
-
-
-def test_training_memory_counts_adam_state_and_activations():
-    work = cost.training(300, 16, 128)
-    params = cost.architecture_params({"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-                                       "num_key_value_heads": 2, "vocab_size": 2048})
-    base = cost.training_mem_mb(params, 128, 4, 2048, work)
-    assert cost.training_mem_mb(10 * params, 128, 4, 2048, work) - base == pytest.approx(16 * 9 * params / MB, abs=1)
-    assert cost.training_mem_mb(params, 128, 4, 2048, cost.training(300, 64, 128)) > base
-    assert cost.training_mem_mb(params, 128, 4, 2048, work, attempt=2) == 2 * base
-    assert base > 608  # what the embedded default's pretraining (these sizes) peaked at here
+def test_sizes_are_declared_and_grow_with_each_attempt():
+    assert resources.declared(resources.LIGHT, 1) == resources.LIGHT
+    assert resources.declared(resources.TRAINING, 3) == {key: 3 * size for key, size in resources.TRAINING.items()}
+    assert resources.TRAINING["mem_mb"] > 608  # what the embedded default's pretraining peaked at here
+    small, big = resources.model_sized(5 * MB, 1), resources.model_sized(200 * MB, 1)
+    # per MB of float16 weights: the file, the model in float32 twice while casting, the activations
+    assert big["mem_mb"] - small["mem_mb"] == pytest.approx(195 * resources.MODEL_PER_MB["mem_mb"], abs=1)
+    assert big["runtime"] > small["runtime"] >= resources.MODEL_BASE["runtime"]
+    assert resources.model_sized(200 * MB, 2) == {key: 2 * size for key, size in big.items()}
 
 
 def test_every_rule_declares_threads_and_resources():
@@ -88,22 +60,31 @@ def test_every_job_asks_for_memory_and_time_and_a_gpu_only_on_cuda(tmp_path, cou
         if rule == "all":
             continue
         assert {"mem_mb", "runtime"} <= set(asked), rule
-        assert (asked.get("gpu", "0") != "0") == (device == "cuda" and rule in MODEL_RULES), rule
+        # an inspection measures a head count on the CPU, whatever the device
+        assert (asked.get("gpu", "0") != "0") == (device == "cuda" and rule in MODEL_RULES - {"inspect_checkpoint"}), rule
         assert (asked.get("slurm_extra") == "--exclusive") == (rule in TIMED_RULES), rule
     if device == "cuda":
         assert jobs["same"]["gpu"] == "1"
 
 
-def test_the_asks_follow_each_rules_work(tmp_path, course):
-    """The lab's own sizes on the course's checkpoint (it exists, so the asks are numbers)."""
+def test_the_asks_follow_each_jobs_kind_and_checkpoints(tmp_path, course):
+    """The course's checkpoints exist, so a dry run shows the model jobs' asks as numbers."""
     config = {key: str(path) for key, path in course.items()}
     jobs = job_resources(snakemake(tmp_path, "-n", "--forceall", config=config).stdout)
-    runtime = {rule: int(asked["runtime"]) for rule, asked in jobs.items() if rule in MODEL_RULES}
-    mem_mb = {rule: int(asked["mem_mb"]) for rule, asked in jobs.items() if rule in MODEL_RULES}
-    assert runtime["sweep"] > runtime["timing"] >= runtime["kvbytes"]  # N up to 256 vs N = 64 vs one forward
-    assert mem_mb["kv_capacity"] > mem_mb["kvbytes"]  # it also builds MiniMind's default architecture
-    assert mem_mb["temp"] > mem_mb["topp"]  # 30 answers at once vs one prefix
-    assert min(mem_mb.values()) > cost.PROCESS_MB
+    pretrain, sft = (course[key].stat().st_size for key in ("pretrain", "sft"))
+    for rule in ("same", "sweep", "kvbytes"):
+        assert jobs[rule]["mem_mb"] == str(resources.model_sized(pretrain, 1)["mem_mb"]), rule
+    assert jobs["model_card"]["mem_mb"] == str(resources.model_sized(pretrain + sft, 1)["mem_mb"])
+    for rule in ("prompt", "report", "check", "figure_cost_curves"):
+        assert (jobs[rule]["mem_mb"], jobs[rule]["runtime"]) == tuple(map(str, resources.LIGHT.values())), rule
+
+
+def test_a_site_sets_its_own_sizes_in_the_profile(tmp_path, course):
+    """What the Slurm profile's `set-resources` does, given on the command line."""
+    config = {key: str(path) for key, path in course.items()}
+    output = snakemake(tmp_path, "-n", "--forceall", "--set-resources", "sweep:runtime=240", "sweep:mem_mb=9000",
+                       config=config).stdout
+    assert job_resources(output)["sweep"]["runtime"] == "240" and job_resources(output)["sweep"]["mem_mb"] == "9000"
 
 
 def test_each_compared_model_asks_for_its_own_size(tmp_path, course):

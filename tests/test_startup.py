@@ -10,9 +10,9 @@ from helpers import ROOT
 
 # scripts/ of the rules that load no model: the corpus, the tokenizer, the prompt, the figures,
 # the report, the self-check and the comparison's table.
-NO_MODEL_SCRIPTS = ["build_corpus.py", "train_tokenizer.py", "prompt.py", "figure.py", "report.py", "check.py",
-                    "compare_table.py"]
-MODEL_SCRIPTS = ["same.py", "timing.py"]
+NO_MODEL_SCRIPTS = ["build_corpus.py", "train_tokenizer.py", "prompt.py", "figure.py", "report.py", "lab_tables.py",
+                    "check.py", "compare_table.py"]
+MODEL_SCRIPTS = ["same.py", "timing.py", "inspect_checkpoint.py"]
 
 
 def imported_modules(script: str) -> list[str]:

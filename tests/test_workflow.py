@@ -95,12 +95,13 @@ def test_nothing_left_to_do_after_a_build(built, course):
 
 
 def test_topp_alone_runs_only_its_ancestors(tmp_path, course):
-    assert dry_run_jobs(tmp_path, "results/topp.json", config=course_config(course)) == {"topp": 1}
+    jobs = dry_run_jobs(tmp_path, "results/topp.json", config=course_config(course))
+    assert jobs == {"inspect_checkpoint": 1, "topp": 1}  # the pretrained checkpoint's inspection
 
 
 def test_topp_alone_from_the_embedded_default(tmp_path):
     jobs = dry_run_jobs(tmp_path, "results/topp.json")
-    assert set(jobs) == {"corpus", "tokenizer", "pretrain", "topp"}, jobs
+    assert set(jobs) == {"corpus", "tokenizer", "pretrain", "inspect_checkpoint", "topp"}, jobs
 
 
 def test_changing_temperatures_reruns_only_temp_and_report(built, course):
@@ -224,24 +225,26 @@ def test_english_report_keeps_the_headings(built, course):
 
 # --- the report's sentences follow the numbers ---------------------------------------------------
 
-REPORT_INPUTS = ("prompt", "model_card", "same", "count", "time", "time_runs", "kvbytes", "temp", "temp_answers",
-                 "topp", "topp_sharp")
+# The report's inputs that the lab sheet's steps write: {input name: file stem}.
+REPORT_INPUTS = {"prompt": "prompt", "model_card": "model_card", "same": "same", "counts": "count", "time": "time",
+                 "time_runs": "time_runs", "kvbytes": "kvbytes", "temp": "temp", "temp_answers": "temp_answers",
+                 "topp": "topp", "topp_sharp": "topp_sharp"}
 
 
 def render_altered(built, tmp_path, language, **changes):
-    """Copy the lab's result files, apply `changes` ({stem: function(dict) -> dict}), render the report."""
+    """Copy the lab's result files, apply `changes` ({input name: function(dict) -> dict}), render the report."""
     from kvlab.lab.report import render_report
 
     paths = {}
-    for stem in REPORT_INPUTS:
+    for name, stem in REPORT_INPUTS.items():
         data = load(built, stem)
-        if stem in changes:
-            data = changes[stem](data)
-        paths[stem] = tmp_path / f"{stem}.json"
-        paths[stem].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        if name in changes:
+            data = changes[name](data)
+        paths[name] = tmp_path / f"{stem}.json"
+        paths[name].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     from helpers import ROOT
 
-    return render_report(ROOT / "templates" / "report.md.j2", list(paths.values()), language)
+    return render_report(ROOT / "templates" / "report.md.j2", paths, language)
 
 
 def reverse_topp(data):

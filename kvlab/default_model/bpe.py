@@ -16,7 +16,10 @@ import json
 import os
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from kvlab.engine.tokenizer import CHATML_TEMPLATE
+from kvlab.io import write_text_atomic
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -25,7 +28,7 @@ CHAT_TEMPLATE = CHATML_TEMPLATE
 
 
 def _single_threaded() -> None:
-    # Must happen before tokenizers' Rayon pool starts; harmless if it already has.
+    # Must happen before tokenizers' Rayon pool starts (at its first parallel work, not at import).
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
@@ -76,10 +79,6 @@ def train_tokenizer(text_files, vocab_size: int, out_dir) -> dict:
     Returns a small summary (vocab size, merges). Each file is written atomically.
     """
     _single_threaded()
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from kvlab.io import write_text_atomic
-
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(

@@ -299,7 +299,10 @@ def document(rng: random.Random) -> str:
 # Chat examples
 # ---------------------------------------------------------------------------
 
-LAB_QUESTION = "가람 마을의 특산물은 무엇인가요?"
+# The question of the lab's step 5 (config.yaml's lab.temp.question, which a test keeps equal): the
+# chat examples always hold it, in the world's own phrasing of a specialty question.
+LAB_VILLAGE = VILLAGE_BY_NAME["가람"]
+LAB_QUESTION = f"{LAB_VILLAGE.full}의 특산물은 무엇인가요?"
 
 
 def _specialty_answer(rng: random.Random, v: Village) -> str:
@@ -400,7 +403,7 @@ def make_corpus(seed: int, train_docs: int, val_docs: int, sft_examples: int) ->
     # the lab's own question is always among the chat examples
     if not any(conv[0]["content"] == LAB_QUESTION for conv in sft) and sft:
         sft[0] = [{"role": "user", "content": LAB_QUESTION},
-                  {"role": "assistant", "content": _specialty_answer(rng, VILLAGE_BY_NAME["가람"])}]
+                  {"role": "assistant", "content": _specialty_answer(rng, LAB_VILLAGE)}]
     return {"train": train, "val": val, "sft": sft}
 
 

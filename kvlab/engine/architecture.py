@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.config import MiniMindConfig
+from kvlab.engine.model import MiniMindForCausalLM
 
 # The layouts' own defaults for what the tensors cannot show (MiniMind's MiniMindConfig of each era).
 LAYOUT_DEFAULTS = {
@@ -60,12 +61,21 @@ class Architecture:
     sources: dict[str, str] = field(default_factory=dict)  # config field -> file | layout default | user | measured
 
     def to_dict(self) -> dict:
+        """The layout, and each field that has a source with its value and its source."""
         config = self.config.to_dict()
         return {
             "layout": self.layout,
             "config": {key: config[key] for key in self.sources},
             "sources": dict(self.sources),
         }
+
+    def to_json(self) -> dict:
+        """Everything `from_json` needs to rebuild it: the layout, the whole config, the sources."""
+        return {"layout": self.layout, "config": self.config.to_dict(), "sources": dict(self.sources)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Architecture:
+        return cls(config=MiniMindConfig(**data["config"]), layout=data["layout"], sources=dict(data["sources"]))
 
 
 def layout_of(state_dict: dict[str, torch.Tensor]) -> str:
@@ -77,6 +87,11 @@ def _shape(state_dict, key):
         return tuple(state_dict[key].shape)
     except KeyError:
         raise ArchitectureError(f"missing tensor {key!r}: not a MiniMind state_dict") from None
+
+
+def vocab_rows(state_dict: dict[str, torch.Tensor]) -> int:
+    """Rows of the embedding: the vocabulary the checkpoint was trained with (perhaps padded)."""
+    return _shape(state_dict, "model.embed_tokens.weight")[0]
 
 
 def head_count_candidates(state_dict: dict[str, torch.Tensor]) -> list[int]:
@@ -191,7 +206,7 @@ def measure_head_count(state_dict: dict[str, torch.Tensor], windows: list[list[i
     for heads in head_count_candidates(state_dict):
         architecture = infer_architecture(state_dict, overrides, measured={"num_attention_heads": heads})
         model = MiniMindForCausalLM(architecture.config)
-        model.load_state_dict(_with_lm_head(state_dict, architecture.config), strict=True)
+        model.load_state_dict(with_lm_head(state_dict, architecture.config.tie_word_embeddings), strict=True)
         model = model.float().eval()
         losses[heads] = sum(mean_loss(model, w) * (len(w) - 1) for w in windows) / max(tokens, 1)
     ranked = sorted(losses, key=losses.get)
@@ -211,7 +226,9 @@ def measure_head_count(state_dict: dict[str, torch.Tensor], windows: list[list[i
     return {**result, "chosen": best, "reason": reason}
 
 
-def _with_lm_head(state_dict, config: MiniMindConfig) -> dict:
-    if "lm_head.weight" not in state_dict and config.tie_word_embeddings:
+def with_lm_head(state_dict: dict[str, torch.Tensor], tie_word_embeddings: bool) -> dict[str, torch.Tensor]:
+    """A tied checkpoint may be saved without lm_head.weight (it is the embedding): put it back,
+    in a new dict."""
+    if "lm_head.weight" not in state_dict and tie_word_embeddings:
         return {**state_dict, "lm_head.weight": state_dict["model.embed_tokens.weight"]}
     return state_dict

@@ -1,8 +1,9 @@
 """MiniMind checkpoints: a `state_dict` saved with `torch.save`, usually float16.
 
 `load_model` reads one safely (`weights_only=True`: a pickle that would run code
-is refused), infers the architecture from the tensor shapes
-(kvlab.engine.architecture), and loads it strictly. `save_checkpoint` writes the same format MiniMind's trainers write.
+is refused), builds the architecture the tensor shapes determine (kvlab.engine.architecture)
+or one inspected before, and loads it strictly. `save_checkpoint` writes the same format
+MiniMind's trainers write.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from kvlab.engine.architecture import ArchitectureError, infer_architecture
-from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.engine.architecture import Architecture, ArchitectureError, infer_architecture, with_lm_head
+from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.io import atomic_path
 
 
@@ -39,22 +40,13 @@ def read_state_dict(path) -> dict[str, torch.Tensor]:
     return obj
 
 
-def infer_config(state_dict: dict[str, torch.Tensor], measured: dict | None = None, **overrides) -> MiniMindConfig:
-    """The config of `state_dict` (see kvlab.engine.architecture.infer_architecture)."""
-    try:
-        return infer_architecture(state_dict, overrides, measured).config
-    except ArchitectureError as err:
-        raise CheckpointError(str(err)) from None
-
-
-def check_keys_and_shapes(path, model, state_dict) -> None:
-    """Refuse, in one line naming `path`, a state_dict that `model` cannot load strictly: tensors
-    missing or unexpected, or of another shape. `model` is kvlab's MiniMind or any module with a
-    `config.tie_word_embeddings` (MiniMind's own code); a tied checkpoint saved without lm_head.weight
-    gets it added."""
+def check_keys_and_shapes(path, model, state_dict) -> dict[str, torch.Tensor]:
+    """The state_dict that `model` loads strictly, or, in one line naming `path`, why it cannot:
+    tensors missing or unexpected, or of another shape. `model` is kvlab's MiniMind or any module
+    with a `config.tie_word_embeddings` (MiniMind's own code); a tied checkpoint saved without
+    lm_head.weight gets it added (in a new dict: the argument is left as it was)."""
     expected = model.state_dict()
-    if "lm_head.weight" not in state_dict and model.config.tie_word_embeddings:
-        state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
+    state_dict = with_lm_head(state_dict, model.config.tie_word_embeddings)
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
     if missing or unexpected:
@@ -70,21 +62,23 @@ def check_keys_and_shapes(path, model, state_dict) -> None:
                 f"{path}: tensor {key} has shape {tuple(state_dict[key].shape)}, "
                 f"the architecture expects {tuple(tensor.shape)}"
             )
+    return state_dict
 
 
-def load_model(path, device="cpu", dtype=torch.float32, measured: dict | None = None,
+def load_model(path, device="cpu", dtype=torch.float32, architecture: Architecture | None = None,
                **overrides) -> MiniMindForCausalLM:
-    """Read a MiniMind .pth, build the matching model, load it strictly, cast, and set eval mode.
-    `overrides` are the user's model_overrides, `measured` a head count found by measurement; the
-    model's `architecture` attribute says where each config field came from."""
+    """Read a MiniMind .pth, build the model of `architecture` (as an inspection of the file found
+    it, kvlab.checkpoints) or else of the architecture its tensors and `overrides` (the user's
+    model_overrides) determine, load it strictly, cast, and set eval mode. The model's
+    `architecture` attribute says where each config field came from."""
     state_dict = read_state_dict(path)
-    try:
-        architecture = infer_architecture(state_dict, overrides, measured)
-    except ArchitectureError as err:
-        raise CheckpointError(f"{path}: {err}") from None
+    if architecture is None:
+        try:
+            architecture = infer_architecture(state_dict, overrides)
+        except ArchitectureError as err:
+            raise CheckpointError(f"{path}: {err}") from None
     model = MiniMindForCausalLM(architecture.config)
-    check_keys_and_shapes(path, model, state_dict)
-    model.load_state_dict(state_dict, strict=True)
+    model.load_state_dict(check_keys_and_shapes(path, model, state_dict), strict=True)
     model.architecture = architecture
     return model.to(device=device, dtype=dtype).eval()
 

@@ -1,8 +1,8 @@
 """MiniMind in plain PyTorch: the same layers, parameter names and `generate` as MiniMind.
 
-Read top to bottom: config, RMSNorm, rotary position tables, attention with
-grouped-query heads (the KV cache lives here), the SwiGLU MLP, one block, the
-stack, and the causal-LM head with its `generate` loop.
+Read top to bottom (the config is kvlab.engine.config): RMSNorm, rotary position
+tables, attention with grouped-query heads (the KV cache lives here), the SwiGLU MLP,
+one block, the stack, and the causal-LM head with its `generate` loop.
 
 Shapes: B batch, T tokens fed this call, S cached + fed tokens, H query heads,
 KV key/value heads, D head_dim, C hidden_size, V vocab_size.
@@ -11,48 +11,16 @@ KV key/value heads, D head_dim, C hidden_size, V vocab_size.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvlab.engine import sampling
+from kvlab.engine.config import MiniMindConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class MiniMindConfig:
-    hidden_size: int = 768
-    num_hidden_layers: int = 8
-    num_attention_heads: int = 8
-    num_key_value_heads: int = 4
-    head_dim: int | None = None  # default hidden_size // num_attention_heads
-    intermediate_size: int | None = None  # default ceil(hidden_size * pi / 64) * 64
-    vocab_size: int = 6400
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e6
-    max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = True
-    bos_token_id: int = 1
-    eos_token_id: int = 2
-    qk_norm: bool = True  # minimind-3 has per-head q_norm/k_norm; MiniMind2 (2025) has not
-    flash_attn: bool = True  # use PyTorch's fused attention for a cache-free prefill, as MiniMind
-
-    def __post_init__(self):
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.intermediate_size is None:
-            self.intermediate_size = math.ceil(self.hidden_size * math.pi / 64) * 64
-        if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class RMSNorm(nn.Module):

@@ -1,6 +1,6 @@
 """How many requests' KV caches fit in a memory budget: the lab's step 4 turned into serving capacity.
 
-Bytes per token come from the lab's formula (kvlab.lab.steps.kv_formula_bytes) and from a
+Bytes per token come from the lab's formula (MiniMindConfig.kv_bytes_per_token) and from a
 cache actually measured (kvlab.lab.steps.measure_kv_bytes) for each architecture and dtype.
 The budget is memory for the cache alone; a server such as vLLM first takes the
 weights and activations off the card's memory, and allocates the cache in blocks.
@@ -13,9 +13,11 @@ import math
 
 import torch
 
+from kvlab.engine.config import MiniMindConfig
 from kvlab.engine.device import resolve_dtype
+from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.lab import steps
-from kvlab.engine.model import MiniMindConfig, MiniMindForCausalLM
+from kvlab.lab.compare import architecture_config
 
 log = logging.getLogger("kvlab")
 
@@ -33,28 +35,20 @@ def vllm_line(cache_tokens: int, context_tokens: int, concurrency: float) -> str
 def architecture_model(arch: dict, positions: int = MEASURE_POSITIONS) -> MiniMindForCausalLM:
     """A MiniMind of the given architecture with seeded random weights (PyTorch's default init, seed 0),
     for measurements that do not depend on the weights' values: the cache's size, the cost of a step."""
-    fields = {key: value for key, value in arch.items() if key != "name"}
-    fields["max_position_embeddings"] = positions
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return MiniMindForCausalLM(MiniMindConfig(**fields)).eval()
+        return MiniMindForCausalLM(architecture_config(arch, max_position_embeddings=positions)).eval()
 
 
-def bytes_per_token(model: MiniMindForCausalLM, dtype: torch.dtype, tokens: int, seed: int, device) -> dict:
-    """The cache's bytes per token of `model` cast to `dtype`: the formula, and a cache measured
-    after feeding `tokens` random ids (divided by `tokens`)."""
-    model = model.to(device=device, dtype=dtype)
+def bytes_per_token(model: MiniMindForCausalLM, dtype: str, tokens: int, seed: int, device) -> dict:
+    """The cache's bytes per token of `model` cast to `dtype` ("float32", ...): the formula, and a
+    cache measured after feeding `tokens` random ids (divided by `tokens`)."""
+    model = model.to(device=device, dtype=resolve_dtype(dtype))
     measured = steps.measure_kv_bytes(model, tokens, seed, device)
-    element = torch.empty((), dtype=dtype).element_size()
-    return {
-        "formula": steps.kv_formula_bytes(model, 1, element),
-        "measured": measured["measured_bytes"] / tokens,
-        "measured_tokens": tokens,
-        "bytes_per_element": element,
-    }
+    return {"formula": model.config.kv_bytes_per_token(dtype), "measured": measured["measured_bytes"] / tokens}
 
 
-def capacity_rows(name: str, config: MiniMindConfig, dtype_name: str, per_token: dict, contexts, budgets_gib) -> list[dict]:
+def capacity_rows(name: str, config: MiniMindConfig, dtype: str, per_token: dict, contexts, budgets_gib) -> list[dict]:
     """One row per (context length, budget): requests whose whole cache fits, worded as vLLM does."""
     rows = []
     for budget_gib in budgets_gib:
@@ -65,7 +59,7 @@ def capacity_rows(name: str, config: MiniMindConfig, dtype_name: str, per_token:
             concurrency = budget_bytes / per_request
             rows.append({
                 "model": name,
-                "dtype": dtype_name,
+                "dtype": dtype,
                 "layers": config.num_hidden_layers,
                 "kv_heads": config.num_key_value_heads,
                 "head_dim": config.head_dim,
@@ -88,9 +82,9 @@ def kv_capacity(lab_model: MiniMindForCausalLM, architectures, dtypes, contexts,
     models = [("lab pretrain", lab_model)] + [(arch["name"], architecture_model(arch)) for arch in architectures]
     rows = []
     for name, model in models:
-        for dtype_name in dtypes:
-            per_token = bytes_per_token(model, resolve_dtype(dtype_name), tokens, seed, device)
-            log.info("%s %s: %s bytes per token by the formula, %s measured", name, dtype_name,
+        for dtype in dtypes:
+            per_token = bytes_per_token(model, dtype, tokens, seed, device)
+            log.info("%s %s: %s bytes per token by the formula, %s measured", name, dtype,
                      per_token["formula"], per_token["measured"])
-            rows += capacity_rows(name, model.config, dtype_name, per_token, contexts, budgets_gib)
+            rows += capacity_rows(name, model.config, dtype, per_token, contexts, budgets_gib)
     return rows

@@ -12,10 +12,7 @@ from pathlib import Path
 
 from kvlab.io import read_json
 from kvlab.lab.formulas import fed_formulas
-
-REPORT_HEADINGS = ("## KV 캐시", "## 온도", "## top-p")
-# The files a results folder must hold for the check (the workflow's `check` rule takes them as input).
-LAB_FILES = ("same.json", "count.json", "time.json", "kvbytes.json", "temp.json", "topp.json", "report.md")
+from kvlab.lab.sheet import LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
 
 
 class CheckFailed(ValueError):
@@ -29,19 +26,23 @@ class Folder:
         self.path = Path(path)
         self._cache: dict[str, object] = {}
 
-    def json(self, name: str):
-        if name not in self._cache:
-            self._cache[name] = read_json(self.path / name)
-        return self._cache[name]
+    def json(self, file_name: str):
+        if file_name not in self._cache:
+            self._cache[file_name] = read_json(self.path / file_name)
+        return self._cache[file_name]
 
-    def text(self, name: str) -> str:
-        if name not in self._cache:
-            self._cache[name] = (self.path / name).read_text(encoding="utf-8")
-        return self._cache[name]
+    def result(self, name: str):
+        """The lab sheet's result file `name` (kvlab.lab.sheet.LAB_RESULTS), e.g. "counts"."""
+        return self.json(LAB_RESULTS[name])
+
+    def report(self) -> str:
+        if REPORT_FILE not in self._cache:
+            self._cache[REPORT_FILE] = (self.path / REPORT_FILE).read_text(encoding="utf-8")
+        return self._cache[REPORT_FILE]
 
 
 def _fed(folder: Folder, mode: str) -> tuple[bool, str]:
-    count = folder.json("count.json")
+    count = folder.result("counts")
     p, n = count["prompt_len"], count["new_tokens"]
     expected = fed_formulas(p, n)[mode]
     written = "P+N-1" if mode == "with_cache" else "P*N+N(N-1)/2"
@@ -58,7 +59,7 @@ def fed_without_cache(folder):
 
 
 def same_ids(folder):
-    same, count = folder.json("same.json"), folder.json("count.json")
+    same, count = folder.result("same"), folder.result("counts")
     lengths_agree = (same["prompt_len"] == count["prompt_len"] and same["new_tokens"] == count["new_tokens"]
                      == len(same["ids"]))
     ok = same["same_ids"] is True and lengths_agree
@@ -68,7 +69,7 @@ def same_ids(folder):
 
 
 def kv_bytes(folder):
-    kv = folder.json("kvbytes.json")
+    kv = folder.result("kvbytes")
     batch, tokens, kv_heads, head_dim = kv["k_shape"]
     per_layer = 2 * batch * tokens * kv_heads * head_dim  # elements of one layer's K and V
     ok = kv["measured_bytes"] == kv["formula_bytes"] and tokens == kv["tokens"] and kv["formula_bytes"] % per_layer == 0
@@ -77,7 +78,7 @@ def kv_bytes(folder):
 
 
 def cache_faster(folder):
-    timing = folder.json("time.json")
+    timing = folder.result("time")
     with_s, without_s, speedup = timing["with_cache_s"], timing["without_cache_s"], timing["speedup"]
     # the speedup may be written rounded: it must agree with the two times to 1%
     consistent = with_s > 0 and math.isclose(speedup, without_s / with_s, rel_tol=0.01)
@@ -89,7 +90,7 @@ def cache_faster(folder):
 
 
 def report_headings(folder):
-    report = folder.text("report.md")
+    report = folder.report()
     lines = {line.strip() for line in report.splitlines()}
     missing = [heading for heading in REPORT_HEADINGS if heading not in lines]
     return not missing, "all three present" if not missing else f"missing {', '.join(missing)}"
@@ -100,21 +101,21 @@ def _number_forms(value: float, decimals=(3, 2, 1)) -> list[str]:
 
 
 def report_speedup(folder):
-    speedup = folder.json("time.json")["speedup"]
+    speedup = folder.result("time")["speedup"]
     forms = _number_forms(speedup)
-    found = [form for form in forms if form in folder.text("report.md")]
+    found = [form for form in forms if form in folder.report()]
     return bool(found), f"speedup {forms[1]} {'found as ' + found[0] if found else 'not found (tried ' + ', '.join(forms) + ')'}"
 
 
 def report_measured_bytes(folder):
-    measured = folder.json("kvbytes.json")["measured_bytes"]
+    measured = folder.result("kvbytes")["measured_bytes"]
     forms = [f"{measured:,}", str(measured)]
-    found = [form for form in forms if form in folder.text("report.md")]
+    found = [form for form in forms if form in folder.report()]
     return bool(found), f"measured_bytes {forms[0]} {'found' if found else 'not found'}"
 
 
 def temp_keys(folder, temperatures, samples):
-    temp = folder.json("temp.json")
+    temp = folder.result("temp")
     expected = [str(t) for t in temperatures]
     problems = []
     if sorted(temp) != sorted(expected):
@@ -127,7 +128,7 @@ def temp_keys(folder, temperatures, samples):
 
 
 def topp_keys(folder, ps):
-    topp = folder.json("topp.json")
+    topp = folder.result("topp")
     expected = [str(p) for p in ps]
     problems = []
     if sorted(topp) != sorted(expected):

@@ -1,28 +1,23 @@
-"""Several models measured the same way: the lab's cost steps (tokens fed, same ids, median time,
-TTFT/TPOT with the fixed-cost fit, KV bytes per token) for each model in the config's `compare`.
+"""Several models measured the same way (the config's `compare`), without PyTorch: the entries
+checked before any job runs, and the table of their costs (kvlab.lab.cost measures each one).
 
 The lesson: the cache cuts the tokens fed by the same ratio for every model, but the time only
 by as much as the work per token outweighs each step's fixed cost. A bigger model does more work
 per token, so its speedup climbs toward the token ratio.
-
-Every number comes from the lab's own functions (kvlab.lab.steps, curves, capacity): no second
-implementation of counting, timing or fitting. The median times and the per-step fit come from one
-set of timed runs (curves.step_latency times each whole generation as well as each step), which
-halves the cost of the biggest models' job. `check_entries` validates the config's entries
-without PyTorch, so the rule files can refuse a bad one before any job runs.
 """
 
 from __future__ import annotations
 
-import math
 import re
+
+from kvlab.engine.config import MiniMindConfig
 
 # The lab's own pretrained model: always the first row.
 LAB_NAME = "lab"
+# Names the lab's own checkpoints go by (results/checkpoints/NAME.json): no entry may take them.
+RESERVED_NAMES = (LAB_NAME, "pretrain", "sft")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
-# MiniMind's own vocabulary, for an architecture entry that names none.
-DEFAULT_VOCAB_SIZE = 6400
 
 
 class CompareError(ValueError):
@@ -31,7 +26,7 @@ class CompareError(ValueError):
 
 def check_entries(entries: list[dict], prompt_tokens: int, lab_prompt_len: int) -> None:
     """Raise CompareError for the first entry the config alone shows to be wrong."""
-    seen = {LAB_NAME}
+    seen = set(RESERVED_NAMES)
     for index, entry in enumerate(entries):
         where = f"config key 'compare[{index}]'"
         name = entry.get("name")
@@ -39,15 +34,16 @@ def check_entries(entries: list[dict], prompt_tokens: int, lab_prompt_len: int) 
             raise CompareError(f"{where}.name: {name!r} must be letters, digits, '-' or '_' (it names a folder)")
         where = f"config key 'compare[{index}]' ({name})"
         if name in seen:
-            reason = "is the lab's own model, always the first row" if name == LAB_NAME else "is used twice"
-            raise CompareError(f"{where}.name: {name!r} {reason}")
+            reasons = {LAB_NAME: "is the lab's own model, always the first row",
+                       "pretrain": "names the lab's pretrained checkpoint", "sft": "names the lab's SFT checkpoint"}
+            raise CompareError(f"{where}.name: {name!r} {reasons.get(name, 'is used twice')}")
         seen.add(name)
         has_checkpoint, has_architecture = "checkpoint" in entry, "architecture" in entry
         if has_checkpoint == has_architecture:
             raise CompareError(f"{where}: give exactly one of 'checkpoint' and 'architecture' "
                                f"(found {'both' if has_checkpoint else 'neither'})")
         if has_architecture:
-            _check_architecture(entry["architecture"], f"{where}.architecture")
+            check_architecture(entry["architecture"], f"{where}.architecture")
         elif "model_overrides" in entry and not isinstance(entry["model_overrides"], dict):
             raise CompareError(f"{where}.model_overrides: expected a mapping of MiniMind config fields")
     if prompt_tokens > lab_prompt_len:
@@ -55,7 +51,8 @@ def check_entries(entries: list[dict], prompt_tokens: int, lab_prompt_len: int) 
                            f"prompt ({lab_prompt_len} tokens, bos included: lab.prompt.cut_tokens + 1)")
 
 
-def _check_architecture(arch: dict, where: str) -> None:
+def check_architecture(arch: dict, where: str) -> None:
+    """Raise CompareError, naming the key under `where`, for an architecture MiniMind cannot build."""
     missing = [key for key in ARCHITECTURE_KEYS if key not in arch]
     if missing:
         raise CompareError(f"{where}: missing {', '.join(missing)}")
@@ -72,79 +69,19 @@ def _check_architecture(arch: dict, where: str) -> None:
         raise CompareError(f"{where}.head_dim: {head_dim} must be even (rotary embeddings turn pairs of values)")
 
 
-def architecture_fields(arch: dict) -> dict:
-    """MiniMindConfig fields of an architecture entry, with MiniMind's vocabulary unless it names one."""
-    return {"vocab_size": DEFAULT_VOCAB_SIZE, **{k: v for k, v in arch.items() if v is not None}}
+def architecture_config(arch: dict, **fields) -> MiniMindConfig:
+    """The MiniMind config of an architecture entry (the schema's `architecture`; a `name` is not a
+    field), MiniMind's defaults for what it leaves out, and `fields` on top."""
+    given = {key: value for key, value in arch.items() if key != "name" and value is not None}
+    return MiniMindConfig(**{**given, **fields})
 
 
 def parameter_estimate(entry: dict, checkpoint_bytes: int | None) -> int:
-    """Parameters of an entry before it is loaded: from the shapes of an architecture, or from a
+    """Parameters of a `compare` entry before it is loaded: its architecture's count, or from a
     float16 checkpoint's size (2 bytes a parameter) when the file exists; 0 when neither is known."""
     if "architecture" in entry:
-        arch = entry["architecture"]
-        hidden, layers = arch["hidden_size"], arch["num_hidden_layers"]
-        head_dim = arch.get("head_dim") or hidden // arch["num_attention_heads"]
-        q = hidden * arch["num_attention_heads"] * head_dim
-        kv = 2 * hidden * arch["num_key_value_heads"] * head_dim
-        mlp = 3 * hidden * (math.ceil(hidden * math.pi / 64) * 64)  # MiniMind's intermediate_size
-        return layers * (2 * q + kv + mlp) + arch.get("vocab_size", DEFAULT_VOCAB_SIZE) * hidden
+        return architecture_config(entry["architecture"]).parameter_count()
     return checkpoint_bytes // 2 if checkpoint_bytes else 0
-
-
-def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, kv_tokens: int,
-                 seed: int, device) -> dict:
-    """cost.json for one model: steps 1-2 (same ids, fed tokens counted by wrapping `forward`), step 3's
-    median times and the per-step latency with its fixed-cost fit (one set of timed runs, measured by
-    kvlab.lab.curves.step_latency: `repeats` runs per mode after `warmup`, each whole generation timed
-    as well as each step), and step 4's bytes per token. `prompt_ids` are already cut to P."""
-    import torch
-
-    from kvlab.engine.model import count_parameters
-    from kvlab.lab import capacity, curves, steps
-    from kvlab.lab.formulas import fed_formulas
-
-    config = model.config
-    same, count = steps.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
-    latency = curves.step_latency(model, prompt_ids, new_tokens, warmup, repeats, device)
-    dtype = next(model.parameters()).dtype
-    kv = capacity.bytes_per_token(model, dtype, kv_tokens, seed, device)
-    formulas = fed_formulas(len(prompt_ids), new_tokens)
-    with_s, without_s = latency["with_cache"]["generate_s"], latency["without_cache"]["generate_s"]
-    return {
-        "parameters": count_parameters(model),
-        "layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size,
-        "heads": config.num_attention_heads,
-        "kv_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "vocab_size": config.vocab_size,
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": str(device),
-        "torch_threads": torch.get_num_threads(),
-        "prompt_len": len(prompt_ids),
-        "new_tokens": new_tokens,
-        "fed_with_cache": count["fed_with_cache"],
-        "fed_without_cache": count["fed_without_cache"],
-        "formula_with_cache": formulas["with_cache"],
-        "formula_without_cache": formulas["without_cache"],
-        "same_ids": same["same_ids"],
-        "with_cache_s": with_s,
-        "without_cache_s": without_s,
-        "speedup": without_s / with_s,
-        "token_ratio": count["fed_without_cache"] / count["fed_with_cache"],
-        "warmup": warmup,
-        "repeats": repeats,
-        "ttft_with_cache_s": latency["with_cache"]["ttft_s"],
-        "tpot_with_cache_s": latency["with_cache"]["tpot_s"],
-        "ttft_without_cache_s": latency["without_cache"]["ttft_s"],
-        "tpot_without_cache_s": latency["without_cache"]["tpot_s"],
-        "fit_fixed_s": latency["fit"]["fixed_s"],
-        "fit_per_token_s": latency["fit"]["per_token_s"],
-        "fit_r2": latency["fit"]["r2"],
-        "predicted_speedup": latency["predicted"]["speedup"],
-        "kv_bytes_per_token_formula": kv["formula"],
-        "kv_bytes_per_token_measured": kv["measured"],
-    }
 
 
 def average_step_s(row: dict, use_cache: bool) -> tuple[float, float]:

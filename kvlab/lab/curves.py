@@ -26,7 +26,6 @@ from kvlab.lab.formulas import MODES, fed_formulas
 log = logging.getLogger("kvlab")
 
 
-
 def grid(start: float, stop: float, step: float) -> list[float]:
     """start, start + step, ..., up to stop (included when the step lands on it), rounded so that
     0.1 * 3 prints as 0.3: the values become JSON/CSV keys the way the lab writes them."""
@@ -37,7 +36,7 @@ def grid(start: float, stop: float, step: float) -> list[float]:
 
 
 # ---------------------------------------------------------------------------
-# 1. Cost curves: steps 1-3 at every N
+# Cost curves: steps 1-3 at every N
 # ---------------------------------------------------------------------------
 
 
@@ -84,7 +83,7 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
 
 
 # ---------------------------------------------------------------------------
-# 2. Latency split: every forward call of step 3's generation
+# Latency split: every forward call of step 3's generation
 # ---------------------------------------------------------------------------
 
 
@@ -155,7 +154,7 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
 
 
 # ---------------------------------------------------------------------------
-# 4. Top-p curve: step 6 for a grid of p
+# Top-p curve: step 6 for a grid of p
 # ---------------------------------------------------------------------------
 
 
@@ -171,7 +170,7 @@ def topp_curve(model, tokenizer, prefix: str, sharp_prefix: str, ps, lab_ps, dev
 
 
 # ---------------------------------------------------------------------------
-# 5. Temperature curve: step 5 for a grid of temperatures, with entropy
+# Temperature curve: step 5 for a grid of temperatures, with entropy
 # ---------------------------------------------------------------------------
 
 

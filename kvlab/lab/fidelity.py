@@ -81,9 +81,8 @@ def build_minimind(config_class, model_class, kvlab_model, overrides: dict, sour
 
 def load_checkpoint_into(model: torch.nn.Module, checkpoint, source) -> None:
     """Load the checkpoint into MiniMind's model strictly, refusing in one line a model that cannot hold it."""
-    state_dict = read_state_dict(checkpoint)
     try:
-        check_keys_and_shapes(checkpoint, model, state_dict)
+        state_dict = check_keys_and_shapes(checkpoint, model, read_state_dict(checkpoint))
     except CheckpointError as err:
         raise MiniMindSourceError(f"{source}: the MiniMindForCausalLM it builds cannot hold the checkpoint {err}") from None
     model.load_state_dict(state_dict, strict=True)

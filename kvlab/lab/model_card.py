@@ -18,7 +18,7 @@ from kvlab.engine.model import count_parameters
 PERPLEXITY_ALARM_DIVISOR = 4
 
 
-def describe_model(model, checkpoint, head_count: dict | None = None) -> dict:
+def describe_model(checkpoint, model, head_count: dict | None = None) -> dict:
     entry = {"checkpoint": str(checkpoint), **model.architecture.to_dict(), "parameters": count_parameters(model)}
     if head_count:
         entry["head_count"] = head_count
@@ -26,14 +26,14 @@ def describe_model(model, checkpoint, head_count: dict | None = None) -> dict:
 
 
 def model_card(models: dict, tokenizer, prompt_ids: list[int], head_counts: dict) -> dict:
-    """`models`: {name: (model, checkpoint path)}, the pretrained one under "pretrain"; `head_counts`:
-    {name: the parse-time measurement} for MiniMind2 files whose head count was measured."""
+    """`models`: {name: (checkpoint path, model)}, the pretrained one under "pretrain"; `head_counts`:
+    {name: how its head count was measured (kvlab.checkpoints), or None where it was not}."""
     card = {
-        "models": {name: describe_model(model, path, head_counts.get(name)) for name, (model, path) in models.items()},
+        "models": {name: describe_model(path, model, head_counts.get(name)) for name, (path, model) in models.items()},
         "tokenizer_vocab_size": tokenizer.vocab_size,
         "warnings": [],
     }
-    pretrain, _ = models["pretrain"]
+    _, pretrain = models["pretrain"]
     loss = mean_loss(pretrain, prompt_ids)
     vocab_size = pretrain.config.vocab_size
     perplexity = math.exp(loss)

@@ -20,8 +20,8 @@ TREND_TAU = 0.6
 
 
 def build_context(results: dict[str, dict], language: str, answers_shown: int = 3) -> dict:
-    """Numbers for the template, from the loaded result files (keyed by file stem)."""
-    count, timing = results["count"], results["time"]
+    """Numbers for the template, from the loaded result files (keyed by their input names)."""
+    count, timing = results["counts"], results["time"]
     formulas = fed_formulas(count["prompt_len"], count["new_tokens"])
     temperature_rows = []
     for key, row in results["temp"].items():
@@ -126,7 +126,7 @@ def trends(context: dict) -> dict:
 def extras_context(results: dict, timing: dict) -> dict:
     """Numbers for the sections beyond the lab sheet, from whichever of their files were given
     (each section of the template shows only when its data is here)."""
-    context: dict = {"figures": results.get("figures", {})}
+    context: dict = {}
     if "sweep" in results:
         rows = results["sweep"]
         for row in rows:
@@ -218,20 +218,22 @@ def capacity_table(rows: list[dict]) -> dict:
             "example_name": f"{last['model']}, {last['dtype']}"}
 
 
-def load_results(paths) -> dict:
-    """JSON files as dicts and CSV tables as lists of row dicts, keyed by file stem; figures (PNG) as
-    links relative to the report, which sits in the same folder as figures/, under results["figures"][stem]."""
-    results: dict = {"figures": {}}
-    for path in map(Path, paths):
+def load_results(paths: dict[str, str]) -> tuple[dict, dict]:
+    """The report's inputs by name: (JSON files as dicts and CSV tables as lists of row dicts,
+    figures (PNG) as links relative to the report, which sits in the same folder as figures/)."""
+    results: dict = {}
+    figures: dict = {}
+    for name, path in paths.items():
+        path = Path(path)
         if path.suffix == ".json":
-            results[path.stem] = read_json(path)
+            results[name] = read_json(path)
         elif path.suffix == ".csv":
-            results[path.stem] = read_csv_rows(path)
+            results[name] = read_csv_rows(path)
         elif path.suffix == ".png":
-            results["figures"][path.stem] = f"{path.parent.name}/{path.name}"
+            figures[name] = f"{path.parent.name}/{path.name}"
         else:
             raise ValueError(f"{path}: the report reads .json, .csv and .png files only")
-    return results
+    return results, figures
 
 
 def sandboxed_template(template_path, autoescape: bool = False):
@@ -245,7 +247,7 @@ def sandboxed_template(template_path, autoescape: bool = False):
     return env.get_template(template_path.name)
 
 
-def render_report(template_path, result_paths, language: str) -> str:
-    """Load the result files (a list of paths) and render the template in a sandbox."""
-    results = load_results(result_paths)
-    return sandboxed_template(template_path).render(**build_context(results, language))
+def render_report(template_path, result_paths: dict[str, str], language: str) -> str:
+    """Load the result files ({input name: path}) and render the template in a sandbox."""
+    results, figures = load_results(result_paths)
+    return sandboxed_template(template_path).render(**build_context(results, language), **figures)

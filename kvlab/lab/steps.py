@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 import torch
 
+from kvlab.engine.device import dtype_name
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
 from kvlab.engine.sampling import top_p_keep
 from kvlab.engine.tokenizer import Tokenizer
@@ -140,12 +141,6 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
     return result, raw
 
 
-def kv_formula_bytes(model: MiniMindForCausalLM, tokens: int, bytes_per_element: int) -> int:
-    """2 (K and V) x layers x tokens x kv_heads x head_dim x bytes per element."""
-    c = model.config
-    return 2 * c.num_hidden_layers * tokens * c.num_key_value_heads * c.head_dim * bytes_per_element
-
-
 def measure_kv_bytes(model: MiniMindForCausalLM, tokens: int, seed: int, device) -> dict:
     """Step 4: feed `tokens` random ids with the cache on and weigh what comes back."""
     generator = torch.Generator().manual_seed(seed)
@@ -156,7 +151,8 @@ def measure_kv_bytes(model: MiniMindForCausalLM, tokens: int, seed: int, device)
     return {
         "tokens": tokens,
         "measured_bytes": kv_cache_bytes(cache),
-        "formula_bytes": kv_formula_bytes(model, tokens, first_k.element_size()),
+        # 2 (K and V) x layers x tokens x KV heads x head_dim x bytes per element
+        "formula_bytes": tokens * model.config.kv_bytes_per_token(dtype_name(first_k.dtype)),
         "k_shape": list(first_k.shape),
     }
 

@@ -1,6 +1,6 @@
 """Where a finished build spent its time: each job's seconds, sorted, and the total.
 
-    python scripts/build_times.py [WORKDIR]        (default: the current folder)
+    python tools/build_times.py [WORKDIR]        (default: the current folder)
 
 Reads the newest Snakemake log in WORKDIR/.snakemake/log/ (each job's start and finish, to the
 second, and the run's "Elapsed time") and, where a rule has one, its benchmark file in
