@@ -25,6 +25,10 @@ if config["minimind_src"]:
     include: "rules/fidelity.smk"
 
 
+# The front page of `snakemake --report`.
+report: "report/workflow.rst"
+
+
 # A run that failed because Slurm refused it: one line on what to install or set.
 onerror:
     print_failure_hints(log)
@@ -35,6 +39,7 @@ rule all:
     input:
         LAB_RESULTS.values(),
         rules.report.output,
+        rules.lab_report_html.output,
         rules.lab_tables.output,
         EXTRA_RESULTS.values(),
         [figure["path"] for figure in FIGURES.values()],

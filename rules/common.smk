@@ -10,7 +10,7 @@ from snakemake.utils import validate
 
 from kvlab import resources
 from kvlab.cluster import print_failure_hints
-from kvlab.config import config_error
+from kvlab.config import config_error, load_schema, typed_by_schema
 from kvlab.lab import sheet
 from kvlab.lab.compare import LAB_NAME, CompareError, check_architecture, check_entries
 from kvlab.lab.compare import parameter_estimate
@@ -23,11 +23,14 @@ def stop(message):
     raise SystemExit(message)
 
 
+SCHEMA = workflow.source_path("../schemas/config.schema.yaml")
+# --config's nested values arrive as strings ("0.99"): typed as the schema says, then validated.
+config.update(typed_by_schema(config, load_schema(SCHEMA)))
 try:
     validate(config, schema="../schemas/config.schema.yaml")
 except WorkflowError:
     # Snakemake's message is a page of schema dump; say in one line which key is wrong and why.
-    stop(config_error(config, workflow.source_path("../schemas/config.schema.yaml")))
+    stop(config_error(config, SCHEMA))
 
 
 def _by_value(value):

@@ -21,6 +21,30 @@ rule report:
         "../scripts/report.py"
 
 
+# For `snakemake --report`, which shows an HTML result in the page (a Markdown or JSON file only
+# as a download): the report as a page, with its figures in it.
+rule lab_report_html:
+    input:
+        report=rules.report.output.report,
+        figures=[figure["path"] for figure in FIGURES.values()],
+        template=workflow_file("templates/lab_report.html.j2"),
+    output:
+        page=report(
+            "results/lab_report.html",
+            caption="../report/lab_report.rst",
+            category="Lab report",
+        ),
+    log:
+        "results/logs/lab_report_html.log",
+    threads: 1
+    resources:
+        **LIGHT_JOB,
+    params:
+        language=config["report"]["language"],
+    script:
+        "../scripts/lab_report.py"
+
+
 # For `snakemake --report`: the sheet's six result files as tables, so the HTML report shows
 # the numbers in the page (a JSON file there is only a download link).
 rule lab_tables:
@@ -38,5 +62,7 @@ rule lab_tables:
     threads: 1
     resources:
         **LIGHT_JOB,
+    params:
+        language=config["report"]["language"],
     script:
         "../scripts/lab_tables.py"

@@ -6,7 +6,7 @@ from kvlab.workflow import run
 
 def main(snakemake):
     paths = {name: path for name, path in snakemake.input.items() if name != "template"}
-    write_text_atomic(snakemake.output.tables, render_tables(snakemake.input.template, paths))
+    write_text_atomic(snakemake.output.tables, render_tables(snakemake.input.template, paths, snakemake.params.language))
 
 
 run(snakemake, main)

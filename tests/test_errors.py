@@ -9,13 +9,14 @@ import time
 import pytest
 import torch
 
+from kvlab.config import load_schema, typed_by_schema
 from kvlab.engine.checkpoint import CheckpointError, load_model, save_checkpoint
-from kvlab.io import write_json_atomic
 from kvlab.engine.data import DataError, read_texts
-from kvlab.lab.prompt import make_prompt
 from kvlab.engine.tokenizer import load_tokenizer
+from kvlab.io import write_json_atomic
+from kvlab.lab.prompt import make_prompt
 
-from helpers import course_config, model_jobs_run, random_model, snakemake, snakemake_cmd
+from helpers import ROOT, course_config, model_jobs_run, random_model, snakemake, snakemake_cmd
 
 RESULT_NAMES = ["prompt", "same", "count", "time", "kvbytes", "temp", "topp"]
 
@@ -58,6 +59,31 @@ def test_bad_config_is_refused_before_any_job(tmp_path, config, needle):
     line = assert_one_line_alone(result, needle)
     assert "config" in line
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("value, needle", [
+    ('lab={"topp": {"ps": [0.5, 0.99]}}', None),  # as the configuration page prints it
+    ('lab={"topp": {"ps": [0.5, 1.5]}}', "config key 'lab.topp.ps.1': 1.5 is greater than the maximum of 1"),
+    ('lab={"time": {"repeats": "three"}}', "config key 'lab.time.repeats': 'three' is not of type 'integer'"),
+])
+def test_nested_command_line_values_keep_their_types(tmp_path, value, needle):
+    """--config reads a nested value with YAML's base loader, every number a string: the workflow
+    gives them back the types the schema asks for before checking them."""
+    result = subprocess.run([*snakemake_cmd(tmp_path, "-n", "results/topp.json"), "--config", value],
+                            capture_output=True, text=True, cwd=tmp_path)
+    if needle is None:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    else:
+        assert result.returncode != 0 and assert_one_line_alone(result, needle)
+
+
+def test_typed_by_schema_changes_only_what_the_schema_does_not_allow_as_text():
+    schema = load_schema(ROOT / "schemas" / "config.schema.yaml")
+    given = {"lab": {"topp": {"ps": ["0.5", "1"], "prefix": "0.5"}, "temp": {"question": "1.0"}},
+             "pretrain": "null", "compare": [{"name": "7", "architecture": {"hidden_size": "64"}}]}
+    assert typed_by_schema(given, schema) == {
+        "lab": {"topp": {"ps": [0.5, 1], "prefix": "0.5"}, "temp": {"question": "1.0"}},
+        "pretrain": "null", "compare": [{"name": "7", "architecture": {"hidden_size": 64}}]}
 
 
 def assert_one_line_alone(result, needle):

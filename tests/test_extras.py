@@ -145,16 +145,61 @@ def test_figures_are_pngs_linked_from_the_report(built):
     assert "Maximum concurrency for 100 tokens per request" in report
 
 
-def test_html_report_holds_every_marked_result(built, course):
+@pytest.fixture(scope="module")
+def html_report(built, course):
     """The README's command as printed: no --cores."""
     snakemake(built.parent, "--report", "results/report.html", config=extras_config(course), cores=None)
-    html = (built / "report.html").read_text(encoding="utf-8")
+    return built / "report.html"
+
+
+def test_html_report_holds_every_marked_result(html_report):
+    html = html_report.read_text(encoding="utf-8")
     for name in ("same.json", "count.json", "time.json", "kvbytes.json", "temp.json", "topp.json",
-                 "report.md", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv", "temp_curve.csv",
-                 "cost_curves.png", "step_times.png", "topp_survivors.png", "temperature_effect.png",
-                 "lab_tables.html"):
+                 "report.md", "lab_report.html", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv",
+                 "temp_curve.csv", "cost_curves.png", "step_times.png", "topp_survivors.png",
+                 "temperature_effect.png", "lab_tables.html"):
         assert name in html
     assert "Beyond the lab" in html and "Lab sheet" in html
+
+
+def chromium_and_playwright():
+    """Debian's Chromium and Playwright's driver for it, or the test skips saying which is missing."""
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium): the HTML report is not opened in a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip('playwright is not installed (pip install -e ".[test]"): the HTML report is not opened in a browser')
+    return executable, sync_playwright
+
+
+def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(html_report):
+    """As a teacher opens it: the front page is about the lab, in the report's language (ko here), and
+    the lab report is shown in the page, its three sections and its five figures loaded."""
+    executable, sync_playwright = chromium_and_playwright()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(html_report.as_uri())
+            front = page.locator("body")
+            front.get_by_text("KV 캐시와 샘플링").first.wait_for(timeout=30_000)
+            assert "Lab report" in front.inner_text() and "lab_report.html" in front.inner_text()
+            page.get_by_text("Lab report", exact=True).first.click()
+            page.locator("tr", has_text="lab_report.html").locator("a[iconname=eye]").click()
+            shown = page.frame_locator("iframe").first
+            shown.locator("h2").first.wait_for(timeout=30_000)
+            assert {"KV 캐시", "온도", "top-p"} <= set(shown.locator("h2").all_inner_texts())
+            images = shown.locator("img")
+            assert images.count() == 5
+            loaded = images.evaluate_all("images => images.map(image => image.complete && image.naturalWidth > 0)")
+            assert all(loaded), loaded
+            alt_texts = " ".join(images.evaluate_all("images => images.map(image => image.alt)"))
+            assert HANGUL.search(alt_texts), alt_texts  # the figures of a Korean report
+            assert "measured_bytes" in shown.locator("body").inner_text()
+        finally:
+            browser.close()
 
 
 def embedded_result(html: str, path: str) -> tuple[str, str]:
@@ -165,11 +210,11 @@ def embedded_result(html: str, path: str) -> tuple[str, str]:
     return entry["mime_type"], base64.b64decode(payload).decode("utf-8")
 
 
-def test_html_report_shows_every_lab_result_in_the_page(built, course):
+def test_html_report_shows_every_lab_result_in_the_page(built, html_report):
     """The sheet's six files are readable in the report: lab_tables.html, an HTML page the report
-    embeds and shows, holds each file's keys with their values."""
-    snakemake(built.parent, "--report", "results/report.html", config=extras_config(course), cores=None)
-    mime, page = embedded_result((built / "report.html").read_text(encoding="utf-8"), "results/lab_tables.html")
+    embeds and shows, holds each file's keys with their values, in the report's language."""
+    mime, page = embedded_result(html_report.read_text(encoding="utf-8"), "results/lab_tables.html")
+    assert "<h1>실험지의 결과</h1>" in page and "2단계: forward에 넣은 토큰 수" in page
     assert mime == "text/html"
     count = load(built, "count.json")
     formulas = fed_formulas(count["prompt_len"], count["new_tokens"])
@@ -198,7 +243,7 @@ def test_lab_tables_escape_html(tmp_path):
                        "temp": {"<script>": {"distinct": 1}}, "topp": {"0.5": 1}}.items():
         paths[stem] = tmp_path / f"{stem}.json"
         paths[stem].write_text(json.dumps(data), encoding="utf-8")
-    page = tables.render_tables(ROOT / "templates" / "lab_tables.html.j2", paths)
+    page = tables.render_tables(ROOT / "templates" / "lab_tables.html.j2", paths, "en")
     assert "<script>" not in page and "&lt;script&gt;" in page
 
 
@@ -257,7 +302,8 @@ def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
     config = extras_config(course) | {"report": {"language": "en"}}
     jobs = dry_run_jobs(built.parent, config=config)
     assert jobs == {"figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
-                    "figure_temperature_effect": 1, "figure_compare": 1, "report": 1, "check": 1, "all": 1}, jobs
+                    "figure_temperature_effect": 1, "figure_compare": 1, "lab_tables": 1, "report": 1,
+                    "lab_report_html": 1, "check": 1, "all": 1}, jobs
 
 
 @pytest.mark.parametrize("language", ["en", "ko"])
@@ -272,8 +318,14 @@ def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, la
             warnings.simplefilter("error")  # a missing glyph is a warning: fail on it
             function(data, tmp_path / f"{name}.png", language=language)
         text = png_text(tmp_path / f"{name}.png")
+        described = text["Description"]
+        if name == "topp_survivors":  # the legend quotes the prefixes themselves, not their config keys
+            rows = draw[name][1]
+            assert f'"{rows[0]["flat_prefix"]}"' in described and f'"{rows[0]["sharp_prefix"]}"' in described
+            assert "lab.topp" not in described
+            described = described.replace(rows[0]["flat_prefix"], "").replace(rows[0]["sharp_prefix"], "")
         if language == "en":
-            assert not HANGUL.search(text["Title"] + text["Description"]) and text["Title"].isascii(), text
+            assert not HANGUL.search(text["Title"] + described) and text["Title"].isascii(), text
         else:
             assert HANGUL.search(text["Title"]), text
     assert figures.TEXT["ko"].keys() == figures.TEXT["en"].keys()
@@ -283,7 +335,7 @@ def test_the_hangul_font_is_the_packaged_nanumgothic():
     assert figures.font_families("ko")[:1] == ["NanumGothic"]
     found = font_manager.findfont(font_manager.FontProperties(family="NanumGothic"), fallback_to_default=False)
     assert Path(found) == figures.hangul_font_path() and Path(found).parent.parent.name == "koreanize_matplotlib"
-    assert figures.font_families("en") == ["DejaVu Sans"]
+    assert figures.font_families("en") == ["DejaVu Sans", "NanumGothic"]  # the Korean prefixes it quotes
     with pytest.raises(ValueError, match="report.language"):
         figures.font_families("fr")
 
@@ -404,3 +456,17 @@ def test_check_reports_missing_files_and_keys(tmp_path):
     assert result["rules"]["fed_with_cache"]["detail"] == "missing key 'new_tokens'"
     assert result["rules"]["same_ids"]["detail"].startswith("file not found")
     assert "FAILED: fed_with_cache" in check.verdict_table(result)
+
+
+def test_the_report_page_holds_its_figures_and_escapes_what_the_model_wrote(built, tmp_path):
+    from kvlab.lab.report import report_page
+
+    figure_paths = sorted((built / "figures").glob("*.png"))
+    page = report_page(ROOT / "templates" / "lab_report.html.j2", built / "report.md", figure_paths, "ko")
+    assert page.count('src="data:image/png;base64,') == 5 and 'src="figures/' not in page
+    assert '<html lang="ko">' in page and "<h2>KV 캐시</h2>" in page and "<table>" in page
+    # a model's answer (in a code span of the report's table) is text, never markup
+    markdown_file = tmp_path / "report.md"
+    markdown_file.write_text("# T\n\n| a |\n|---|\n| `<script>alert(1)</script>` |\n", encoding="utf-8")
+    page = report_page(ROOT / "templates" / "lab_report.html.j2", markdown_file, [], "en")
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<title>T</title>" in page

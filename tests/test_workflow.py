@@ -106,7 +106,7 @@ def test_topp_alone_from_the_embedded_default(tmp_path):
 
 def test_changing_temperatures_reruns_only_temp_and_report(built, course):
     config = course_config(course, temp={"temperatures": [0.3, 1.0]})
-    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "lab_tables": 1, "check": 1, "all": 1}
+    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "lab_report_html": 1, "lab_tables": 1, "check": 1, "all": 1}
 
 
 def test_params_compare_by_value(built, course):

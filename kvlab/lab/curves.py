@@ -166,7 +166,7 @@ def topp_curve(model, tokenizer, prefix: str, sharp_prefix: str, ps, lab_ps, dev
     flat = steps.top_p_survivors(flat_logits, ps)
     sharp = steps.top_p_survivors(steps.next_token_logits(model, tokenizer, sharp_prefix, device), ps)
     return [{"p": p, "flat": flat[str(p)], "sharp": sharp[str(p)], "lab_p": p in lab_ps,
-             "vocab_size": flat_logits.shape[-1]} for p in ps]
+             "vocab_size": flat_logits.shape[-1], "flat_prefix": prefix, "sharp_prefix": sharp_prefix} for p in ps]
 
 
 # ---------------------------------------------------------------------------

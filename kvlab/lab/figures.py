@@ -54,8 +54,8 @@ TEXT = {
         "context_length": "context length: prompt + tokens generated before the step",
         "step_time": "forward time per step (ms)",
         "steps_title": "Time of each generation step ({new_tokens} new tokens, median of {repeats} runs)",
-        "after_prefix": "after lab.topp.prefix",
-        "after_sharp_prefix": "after lab.topp.sharp_prefix",
+        "after_prefix": "after \"{prefix}\"",
+        "after_sharp_prefix": "after \"{prefix}\"",
         "whole_vocabulary": "whole vocabulary ({vocab_size:,} tokens)",
         "lab_ps": "the lab sheet's p values",
         "topp_threshold": "top-p threshold p",
@@ -105,8 +105,8 @@ TEXT = {
         "context_length": "문맥 길이: 프롬프트 + 그 단계 전에 생성한 토큰",
         "step_time": "단계별 forward 시간 (ms)",
         "steps_title": "생성 단계별 시간 (새 토큰 {new_tokens}개, {repeats}회 실행의 중앙값)",
-        "after_prefix": "lab.topp.prefix 뒤",
-        "after_sharp_prefix": "lab.topp.sharp_prefix 뒤",
+        "after_prefix": "\"{prefix}\" 뒤",
+        "after_sharp_prefix": "\"{prefix}\" 뒤",
         "whole_vocabulary": "어휘 전체 ({vocab_size:,}개 토큰)",
         "lab_ps": "실습지의 p 값",
         "topp_threshold": "top-p 문턱값 p",
@@ -144,8 +144,8 @@ def hangul_font_path() -> Path:
     imported: importing it would change matplotlib's global settings."""
     spec = importlib.util.find_spec("koreanize_matplotlib")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"report.language 'ko' draws Hangul with the {FONT_PACKAGE} package: "
-                         f"pip install {FONT_PACKAGE} (or set report.language: en)")
+        raise ValueError(f"the figures draw Hangul (report.language 'ko', and the lab's Korean prefixes) with "
+                         f"the {FONT_PACKAGE} package: pip install {FONT_PACKAGE}")
     path = Path(spec.submodule_search_locations[0]) / "fonts" / f"{HANGUL_FONT}.ttf"
     if not path.is_file():
         raise ValueError(f"{path}: the {FONT_PACKAGE} package holds no {HANGUL_FONT}.ttf")
@@ -153,15 +153,14 @@ def hangul_font_path() -> Path:
 
 
 def font_families(language: str) -> list[str]:
-    """The font list for `language`, first choice first (matplotlib falls back glyph by glyph)."""
+    """The font list for `language`, first choice first (matplotlib falls back glyph by glyph: an
+    English figure still sets the Korean text it quotes, such as a top-p prefix, in NanumGothic)."""
     if language not in LANGUAGES:
         raise ValueError(f"report.language: {language!r} is not one of {', '.join(LANGUAGES)}")
-    if language == "en":
-        return ["DejaVu Sans"]
     path = str(hangul_font_path())
     if path not in {entry.fname for entry in font_manager.fontManager.ttflist}:
         font_manager.fontManager.addfont(path)
-    return [HANGUL_FONT, "DejaVu Sans"]
+    return ["DejaVu Sans", HANGUL_FONT] if language == "en" else [HANGUL_FONT, "DejaVu Sans"]
 
 
 @contextmanager
@@ -262,15 +261,17 @@ def latency_curve(latency: dict, path, language: str = "en") -> None:
 
 def topp_curve(rows: list[dict], path, language: str = "en") -> None:
     """Survivors of top-p against p, after each of the two prefixes; the whole vocabulary as a
-    ceiling, and the lab sheet's p values marked. The legend names the prefixes by their config
-    keys only: which of them leaves more candidates is for the data to show, not the label."""
+    ceiling, and the lab sheet's p values marked. The legend quotes the prefixes only: which of
+    them leaves more candidates is for the data to show, not the label."""
     ps = [row["p"] for row in rows]
     vocab_size = rows[0]["vocab_size"]
     marked_ps = [row["p"] for row in rows if row["lab_p"]]
     with _drawing(language) as text:
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        ax.plot(ps, [row["flat"] for row in rows], "o-", color="tab:green", ms=4, label=text("after_prefix"))
-        ax.plot(ps, [row["sharp"] for row in rows], "s-", color="tab:purple", ms=4, label=text("after_sharp_prefix"))
+        ax.plot(ps, [row["flat"] for row in rows], "o-", color="tab:green", ms=4,
+                label=text("after_prefix", prefix=rows[0]["flat_prefix"]))
+        ax.plot(ps, [row["sharp"] for row in rows], "s-", color="tab:purple", ms=4,
+                label=text("after_sharp_prefix", prefix=rows[0]["sharp_prefix"]))
         ax.axhline(vocab_size, color="grey", ls=":", lw=1, label=text("whole_vocabulary", vocab_size=vocab_size))
         for index, p in enumerate(marked_ps):
             ax.axvline(p, color="grey", ls="--", lw=0.8, alpha=0.6, label=text("lab_ps") if index == 0 else None)
