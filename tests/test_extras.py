@@ -186,6 +186,7 @@ def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(
             front = page.locator("body")
             front.get_by_text("KV 캐시와 샘플링").first.wait_for(timeout=30_000)
             assert "Lab report" in front.inner_text() and "lab_report.html" in front.inner_text()
+            assert "System Message" not in front.inner_text()  # the front page's reStructuredText is clean
             page.get_by_text("Lab report", exact=True).first.click()
             page.locator("tr", has_text="lab_report.html").locator("a[iconname=eye]").click()
             shown = page.frame_locator("iframe").first
