@@ -44,8 +44,10 @@ def run(snakemake, main) -> None:
         if torch is not None:
             torch.set_num_threads(1)
         # A scheduler stops a job with SIGTERM (scancel, a time limit) before it kills it: exit the
-        # Python way, so an output being written is removed, never left half-written.
+        # Python way, so an output being written is removed, never left half-written. A process
+        # inherits the signals its parent blocks; a blocked SIGTERM would wait until the job ended.
         signal.signal(signal.SIGTERM, exit_on_sigterm)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         try:
             main(snakemake)
         except USER_ERRORS as err:

@@ -110,7 +110,8 @@ LAB_DETAILS = {
     "temp_answers": "results/temp_answers.json",
     "topp_sharp": "results/topp_sharp.json",
 }
-# Beyond the sheet (rules/extras.smk, rules/compare.smk).
+# Beyond the sheet (rules/extras.smk, rules/compare.smk), and what they write beside.
+EXTRA_DETAILS = {"sweep_runs": "results/sweep_runs.json"}
 EXTRA_RESULTS = {
     "sweep": "results/sweep.csv",
     "latency": "results/latency.json",
@@ -138,6 +139,7 @@ REPORT_INPUTS = {
     **LAB_RESULTS,
     **LAB_DETAILS,
     **EXTRA_RESULTS,
+    **EXTRA_DETAILS,
     **{name: figure["path"] for name, figure in FIGURES.items()},
     **FIDELITY,
 }
@@ -221,6 +223,14 @@ def checkpoint_inputs(*names):
 def model_params():
     """The params every job that loads a checkpoint passes on."""
     return dict(device=config["device"], dtype=config["dtype"])
+
+
+def timing_params():
+    """The params of every job that times something: torch's threads, and how long a timing may
+    repeat while its spread is unstable."""
+    return dict(
+        threads=config["timing"]["threads"], max_seconds=config["timing"]["max_seconds"]
+    )
 
 
 def all_cores(wildcards):

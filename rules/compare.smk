@@ -20,6 +20,7 @@ rule compare_cost:
     resources:
         **compare_job(),
     params:
+        **timing_params(),
         entry=lambda wildcards: COMPARE_ENTRIES[wildcards.name],
         device=lambda wildcards: COMPARE_ENTRIES[wildcards.name].get(
             "device", config["device"]

@@ -23,6 +23,7 @@ rule sweep:
             category="Beyond the lab",
             subcategory="Cost curves",
         ),
+        runs=EXTRA_DETAILS["sweep_runs"],
     log:
         "results/logs/sweep.log",
     benchmark:
@@ -33,6 +34,7 @@ rule sweep:
         **model_job("pretrain", timed=True),
     params:
         **model_params(),
+        **timing_params(),
         new_tokens=EXTRAS["sweep"]["new_tokens"],
         warmup=EXTRAS["sweep"]["warmup"],
         repeats=EXTRAS["sweep"]["repeats"],
@@ -62,7 +64,8 @@ rule latency:
         **model_job("pretrain", timed=True),
     params:
         **model_params(),
-        # the lab's timed generation (step 3), so the prediction compares with time.json
+        **timing_params(),
+        # the lab's timed generation (step 3), so the report can set the two side by side
         new_tokens=config["lab"]["time"]["new_tokens"],
         warmup=EXTRAS["latency"]["warmup"],
         repeats=EXTRAS["latency"]["repeats"],

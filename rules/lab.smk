@@ -85,6 +85,7 @@ rule timing:
         **model_job("pretrain", timed=True),
     params:
         **model_params(),
+        **timing_params(),
         new_tokens=config["lab"]["time"]["new_tokens"],
         warmup=config["lab"]["time"]["warmup"],
         repeats=config["lab"]["time"]["repeats"],

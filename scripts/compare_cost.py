@@ -5,6 +5,7 @@ from kvlab.io import read_json, write_json_atomic
 from kvlab.lab.capacity import architecture_model
 from kvlab.lab.compare import CompareError
 from kvlab.lab.cost import measure_cost
+from kvlab.lab.steps import use_threads
 from kvlab.workflow import log, run
 
 
@@ -20,9 +21,10 @@ def main(snakemake):
     else:
         inspection = read_json(snakemake.input.checkpoint_inspected)
         model, device = load_inspected(snakemake.input.checkpoint, inspection, p.device, p.dtype)
+    use_threads(p.threads)
     try:
         cost = measure_cost(model, prompt_ids, settings["new_tokens"], settings["warmup"], settings["repeats"],
-                            settings["kv_tokens"], p.seed, device)
+                            p.max_seconds, settings["kv_tokens"], p.seed, device)
     except ValueError as err:
         raise CompareError(f"compare entry '{entry['name']}': {err}") from None
     log.info("%s: speedup %.2f (token ratio %.1f), fit %.3f ms + %.3f us/token", entry["name"], cost["speedup"],

@@ -1,6 +1,7 @@
 """Latency split: every forward call of the lab's timed generation, both modes; TTFT, TPOT, a fit."""
-from kvlab.lab.curves import step_latency
 from kvlab.io import read_json, write_json_atomic
+from kvlab.lab.curves import step_latency
+from kvlab.lab.steps import use_threads
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
 
@@ -9,7 +10,8 @@ def main(snakemake):
     model, device = load_model_input(snakemake, "pretrain")
     prompt = read_json(snakemake.input.prompt)
     p = snakemake.params
-    result = step_latency(model, prompt["ids"], p.new_tokens, p.warmup, p.repeats, device)
+    use_threads(p.threads)
+    result = step_latency(model, prompt["ids"], p.new_tokens, p.warmup, p.repeats, p.max_seconds, device)
     fit = result["fit"]
     log.info("TTFT %.2f / %.2f ms, TPOT %.3f / %.3f ms (with / without cache)",
              result["with_cache"]["ttft_s"] * 1e3, result["without_cache"]["ttft_s"] * 1e3,

@@ -1,6 +1,6 @@
 """Step 3: median generation time with and without the cache, after warm-up."""
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.steps import time_generation
+from kvlab.lab.steps import time_generation, use_threads
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
 
@@ -9,8 +9,11 @@ def main(snakemake):
     model, device = load_model_input(snakemake, "pretrain")
     prompt = read_json(snakemake.input.prompt)
     p = snakemake.params
-    result, raw = time_generation(model, prompt["ids"], p.new_tokens, p.warmup, p.repeats, device)
-    log.info("runs: %s", raw["runs_s"])
+    use_threads(p.threads)
+    result, raw = time_generation(model, prompt["ids"], p.new_tokens, p.warmup, p.repeats, p.max_seconds, device)
+    for label, summary in raw["summary"].items():
+        log.info("%s: %d runs %s, median %.4f s, IQR/median %.1f%%%s", label, summary["n"], raw["runs_s"][label],
+                 summary["median_s"], 100 * summary["iqr_share"], " (unstable)" if summary["unstable"] else "")
     write_json_atomic(snakemake.output.runs, raw)
     write_json_atomic(snakemake.output.time, result)
 

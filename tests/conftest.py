@@ -6,7 +6,7 @@ from kvlab.default_model.bpe import train_tokenizer
 from kvlab.engine.checkpoint import save_checkpoint
 from kvlab.engine.tokenizer import load_tokenizer
 
-from helpers import random_model
+from helpers import course_config, random_model, snakemake
 
 SENTENCES = [
     "민수는 아침에 가람 마을의 시장에 갔다.",
@@ -40,3 +40,13 @@ def course(tmp_path_factory, tokenizer_dir):
         "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
     return {"pretrain": folder / "pretrain.pth", "sft": folder / "sft.pth", "tokenizer": tokenizer_dir,
             "val_data": folder / "pretrain_val.jsonl"}
+
+
+@pytest.fixture(scope="session")
+def course_build(tmp_path_factory, course):
+    """The whole workflow built once on the course folder with the tests' small sizes (a working
+    folder with results/). Tests read it; a test that must change it works on a copy
+    (shutil.copytree keeps the files' times, so the copy is as up to date as the build)."""
+    workdir = tmp_path_factory.mktemp("run")
+    snakemake(workdir, config=course_config(course))
+    return workdir

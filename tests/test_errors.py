@@ -334,15 +334,13 @@ def test_run_killed_during_training_reruns_to_completion(tmp_path):
 # --- determinism -------------------------------------------------------------------------------
 
 # wall-clock measurements differ run to run: these files hold times
-EXEMPT = {"time.json", "time_runs.json", "latency.json", "check.json"}
+EXEMPT = {"time.json", "time_runs.json", "sweep_runs.json", "latency.json", "check.json"}
 
 
-def test_two_clean_builds_give_identical_json(tmp_path, course):
-    outputs = []
-    for name in ("a", "b"):
-        workdir = tmp_path / name
-        workdir.mkdir()
-        snakemake(workdir, config=course_config(course))
-        outputs.append({p.name: p.read_bytes() for p in (workdir / "results").glob("*.json") if p.name not in EXEMPT})
+def test_two_clean_builds_give_identical_json(tmp_path, course, course_build):
+    """The shared build (tests/conftest.py) and a second clean one."""
+    snakemake(tmp_path, config=course_config(course))
+    outputs = [{p.name: p.read_bytes() for p in (workdir / "results").glob("*.json") if p.name not in EXEMPT}
+               for workdir in (course_build, tmp_path)]
     assert set(outputs[0]) >= {"prompt.json", "same.json", "count.json", "kvbytes.json", "temp.json", "topp.json"}
     assert outputs[0] == outputs[1]

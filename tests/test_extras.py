@@ -35,10 +35,9 @@ def extras_config(course, **extras):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, course):
-    workdir = tmp_path_factory.mktemp("extras")
-    snakemake(workdir, config=extras_config(course))
-    return workdir / "results"
+def built(course_build):
+    """The shared build (tests/conftest.py): its config is extras_config(course)'s."""
+    return course_build / "results"
 
 
 def load(results, name):

@@ -129,8 +129,11 @@ def test_failure_hints_name_what_to_set():
     assert "pip install" in INSTALL_PLUGIN and "[slurm]" in INSTALL_PLUGIN
 
 
-def test_a_job_stopped_with_sigterm_removes_the_output_it_was_writing(tmp_path):
-    """scancel and Slurm's time limit send SIGTERM first: the file being written must go."""
+@pytest.mark.parametrize("blocked_by_parent", [False, True])
+def test_a_job_stopped_with_sigterm_removes_the_output_it_was_writing(tmp_path, blocked_by_parent):
+    """scancel and Slurm's time limit send SIGTERM first: the file being written must go, also when
+    the process that started the job blocks SIGTERM (a child inherits its parent's blocked signals;
+    then the signal waited, unseen, until the job ended on its own)."""
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(f"""
         import time
@@ -146,7 +149,12 @@ def test_a_job_stopped_with_sigterm_removes_the_output_it_was_writing(tmp_path):
 
         run(SimpleNamespace(log=[{str(tmp_path / "job.log")!r}], rule="job"), main)
     """), encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, str(job)], stdout=subprocess.PIPE, text=True)
+    blocked = {signal.SIGTERM} if blocked_by_parent else set()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        proc = subprocess.Popen([sys.executable, str(job)], stdout=subprocess.PIPE, text=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     assert proc.stdout.readline().strip() == "writing"
     assert len(list(tmp_path.glob(".out.json.*.tmp"))) == 1
     proc.send_signal(signal.SIGTERM)

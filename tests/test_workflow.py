@@ -2,8 +2,10 @@
 every file contract against the formulas for this run's P and N, targeted builds, reruns."""
 import json
 import shutil
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,11 +16,9 @@ from kvlab.engine.tokenizer import load_tokenizer
 
 from helpers import copy_workflow, course_config, dry_run_jobs, snakemake
 
-@pytest.fixture(scope="session")
-def built(tmp_path_factory, course):
-    workdir = tmp_path_factory.mktemp("run")
-    snakemake(workdir, config=course_config(course))
-    return workdir
+@pytest.fixture(scope="module")
+def built(course_build):
+    return course_build
 
 
 def load(workdir, name):
@@ -51,8 +51,14 @@ def test_time_contract(built):
     timing, runs = load(built, "time"), load(built, "time_runs")
     assert set(timing) == {"with_cache_s", "without_cache_s", "speedup"}
     assert timing["speedup"] == pytest.approx(timing["without_cache_s"] / timing["with_cache_s"])
-    assert len(runs["runs_s"]["with_cache"]) == len(runs["runs_s"]["without_cache"]) == 5
-    assert timing["with_cache_s"] == sorted(runs["runs_s"]["with_cache"])[2]  # the median of five
+    for mode in ("with_cache", "without_cache"):
+        samples, summary = runs["runs_s"][mode], runs["summary"][mode]
+        assert len(samples) == summary["n"] >= 5  # the configured five, more while it was unstable
+        assert timing[f"{mode}_s"] == summary["median_s"] == statistics.median(samples)
+        assert summary["q1_s"] <= summary["median_s"] <= summary["q3_s"]
+        assert summary["unstable"] == (summary["iqr_share"] >= 0.10)
+    assert runs["speedup"]["low"] <= timing["speedup"] <= runs["speedup"]["high"]
+    assert runs["torch_threads"] == 1 and runs["processor"] and runs["device"] == "cpu"
 
 
 def test_kvbytes_contract(built):
@@ -209,7 +215,8 @@ def test_embedded_default_builds_everything_with_a_tiny_budget(tmp_path):
     assert {"pretrain", "sft"} <= set(dry_run_jobs(workdir, config=config, snakefile=snakefile))
 
 
-def test_english_report_keeps_the_headings(built, course):
+def test_english_report_keeps_the_headings(built, course, tmp_path):
+    built = Path(shutil.copytree(built, tmp_path / "copy"))  # the shared build stays Korean
     config = course_config(course) | {"report": {"language": "en"}}
     # the figures are labelled in the report's language: they are redrawn with it
     assert dry_run_jobs(built, "results/report.md", config=config) == {
@@ -219,7 +226,7 @@ def test_english_report_keeps_the_headings(built, course):
     report = (built / "results" / "report.md").read_text(encoding="utf-8")
     for heading in ("## KV 캐시", "## 온도", "## top-p"):
         assert heading in report
-    assert "The cache helped" in report and "캐시는 토큰 수로는" not in report
+    assert "The cache" in report and "캐시는" not in report
     assert f"{load(built, 'time')['speedup']:.2f}" in report
 
 
@@ -266,17 +273,27 @@ def slow_cache(data):
     return {**data, "with_cache_s": 2.0, "without_cache_s": 1.0, "speedup": 0.5}
 
 
+def slow_cache_runs(data):
+    """time_runs.json of slow_cache's time.json: steady runs, twice as slow with the cache."""
+    from kvlab.lab import timing
+
+    runs = {"with_cache": [1.98, 2.0, 2.02], "without_cache": [0.99, 1.0, 1.01]}
+    summary = {mode: timing.summary(samples) for mode, samples in runs.items()}
+    return {**data, "runs_s": runs, "summary": summary,
+            "speedup": timing.ratio_interval(summary["without_cache"], summary["with_cache"])}
+
+
 @pytest.mark.parametrize("language", ["en", "ko"])
 def test_report_sentences_follow_reversed_data(built, tmp_path, language):
     usual = render_altered(built, tmp_path, language)
     reversed_ = render_altered(built, tmp_path, language, topp=reverse_topp, topp_sharp=widen_sharp,
-                               temp=spread_low_temperature, time=slow_cache)
+                               temp=spread_low_temperature, time=slow_cache, time_runs=slow_cache_runs)
     if language == "en":
         assert 'more candidates survive after "민수는"' in usual or "depends on p" in usual
         assert 'At every p more candidates survive after "가람 마을의 특산물은"' in reversed_
         assert "the distinct answers fell as the temperature rose (6 → 2)" in reversed_
         assert "Even at the lowest temperature, 0.3, the 6 answers hold 6 distinct texts" in reversed_
-        assert "saved no time (**0.50×**)" in reversed_ and "The cache helped" not in reversed_
+        assert "saved no time (**0.50×** (0.50–0.51×))" in reversed_ and "The cache helped" not in reversed_
         assert "they (nearly) agree" not in reversed_
     else:
         assert '모든 p에서 "가람 마을의 특산물은" 뒤에 후보가 더 많이 남습니다' in reversed_
@@ -295,4 +312,4 @@ def test_report_shows_the_model_and_warns_about_a_random_one(built, tmp_path):
     assert f"{card['prompt_perplexity']['perplexity']:.2f}" in head
     assert "minimind-3 레이아웃" in head and "파일에서 읽음: " in head
     check = load(built, "check")
-    assert check["warnings"] == card["warnings"] and check["ok"] is True
+    assert set(card["warnings"]) <= set(check["warnings"]) and check["ok"] is True  # (with any timing's)

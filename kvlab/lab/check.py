@@ -13,6 +13,7 @@ from pathlib import Path
 from kvlab.io import read_json
 from kvlab.lab.formulas import fed_formulas
 from kvlab.lab.sheet import LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
+from kvlab.lab.timing import UNSTABLE_IQR_SHARE
 
 
 class CheckFailed(ValueError):
@@ -169,7 +170,22 @@ def check_results(results_dir, temperatures, samples: int, ps) -> dict:
             ok, detail = False, f"unexpected content: {err}"
         verdicts[name] = {"ok": bool(ok), "detail": detail}
     return {"results_dir": str(results_dir), "ok": all(v["ok"] for v in verdicts.values()), "rules": verdicts,
-            "warnings": model_warnings(folder)}
+            "warnings": timing_warnings(folder) + model_warnings(folder)}
+
+
+def timing_warnings(folder: Folder) -> list[str]:
+    """One line when step 3's timing is unstable (time_runs.json, when the folder has one): the
+    speedup passes or fails `cache_faster` on numbers the machine could not hold steady."""
+    if not (folder.path / "time_runs.json").is_file():
+        return []
+    summary = folder.json("time_runs.json").get("summary", {})
+    unstable = [f"{mode.replace('_', ' ')} ({100 * stats['iqr_share']:.0f}%)" for mode, stats in summary.items()
+                if stats.get("unstable")]
+    if not unstable:
+        return []
+    return [f"step 3's timing is unstable: the IQR of the runs {' and '.join(unstable)} is "
+            f"{100 * UNSTABLE_IQR_SHARE:.0f}% of the median or more; other work most likely shared the CPU while "
+            f"timing: time again on a quiet machine"]
 
 
 def model_warnings(folder: Folder) -> list[str]:
@@ -181,14 +197,15 @@ def model_warnings(folder: Folder) -> list[str]:
 
 
 def verdict_table(result: dict) -> str:
-    """A short fixed-width table, one line per rule."""
+    """A short fixed-width table, one line per rule, after a line per warning."""
     width = max(len(name) for name in result["rules"])
-    lines = [f"check of {result['results_dir']}", f"{'rule':<{width}}  verdict  detail"]
+    lines = [f"check of {result['results_dir']}"]
+    lines.extend(f"WARNING: {warning}" for warning in result.get("warnings", []))
+    lines.append(f"{'rule':<{width}}  verdict  detail")
     for name, verdict in result["rules"].items():
         lines.append(f"{name:<{width}}  {'PASS' if verdict['ok'] else 'FAIL':<7}  {verdict['detail']}")
     failed = [name for name, verdict in result["rules"].items() if not verdict["ok"]]
     lines.append("all rules pass" if not failed else f"FAILED: {', '.join(failed)}")
-    lines.extend(f"WARNING: {warning}" for warning in result.get("warnings", []))
     return "\n".join(lines)
 
 

@@ -9,27 +9,27 @@ halves the cost of the biggest models' job.
 
 from __future__ import annotations
 
-import torch
-
 from kvlab.engine.device import dtype_name
 from kvlab.engine.model import count_parameters
 from kvlab.lab import capacity, curves, steps
 from kvlab.lab.formulas import fed_formulas
 
 
-def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, kv_tokens: int,
-                 seed: int, device) -> dict:
+def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
+                 kv_tokens: int, seed: int, device) -> dict:
     """cost.json for one model: steps 1-2 (same ids, fed tokens counted by wrapping `forward`), step 3's
-    median times and the per-step latency with its fixed-cost fit (one set of timed runs, measured by
-    kvlab.lab.curves.step_latency: `repeats` runs per mode after `warmup`, each whole generation timed
-    as well as each step), and step 4's bytes per token. `prompt_ids` are already cut to P."""
+    median times with the speedup's interval and the per-step latency with its fixed-cost fit (one set
+    of timed runs, measured by kvlab.lab.curves.step_latency: `repeats` runs per mode and more while
+    unstable, after `warmup`, each whole generation timed as well as each step; the fit made on each
+    pair of runs too, for its spread), and step 4's bytes per token. `prompt_ids` are already cut to P."""
     config = model.config
     same, count = steps.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
-    latency = curves.step_latency(model, prompt_ids, new_tokens, warmup, repeats, device)
+    latency = curves.step_latency(model, prompt_ids, new_tokens, warmup, repeats, max_seconds, device)
     dtype = dtype_name(next(model.parameters()).dtype)
     kv = capacity.bytes_per_token(model, dtype, kv_tokens, seed, device)
     formulas = fed_formulas(len(prompt_ids), new_tokens)
     with_s, without_s = latency["with_cache"]["generate_s"], latency["without_cache"]["generate_s"]
+    spread = {label: latency[label]["generate"] for label in ("with_cache", "without_cache")}
     return {
         "parameters": count_parameters(model),
         "layers": config.num_hidden_layers,
@@ -39,8 +39,9 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         "head_dim": config.head_dim,
         "vocab_size": config.vocab_size,
         "dtype": dtype,
-        "device": str(device),
-        "torch_threads": torch.get_num_threads(),
+        "device": latency["device"],
+        "processor": latency["processor"],
+        "torch_threads": latency["torch_threads"],
         "prompt_len": len(prompt_ids),
         "new_tokens": new_tokens,
         "fed_with_cache": count["fed_with_cache"],
@@ -51,9 +52,16 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         "with_cache_s": with_s,
         "without_cache_s": without_s,
         "speedup": without_s / with_s,
+        "speedup_low": latency["measured"]["low"],
+        "speedup_high": latency["measured"]["high"],
         "token_ratio": count["fed_without_cache"] / count["fed_with_cache"],
         "warmup": warmup,
         "repeats": repeats,
+        "with_cache_n": spread["with_cache"]["n"],
+        "without_cache_n": spread["without_cache"]["n"],
+        "with_cache_iqr_share": spread["with_cache"]["iqr_share"],
+        "without_cache_iqr_share": spread["without_cache"]["iqr_share"],
+        "unstable": spread["with_cache"]["unstable"] or spread["without_cache"]["unstable"],
         "ttft_with_cache_s": latency["with_cache"]["ttft_s"],
         "tpot_with_cache_s": latency["with_cache"]["tpot_s"],
         "ttft_without_cache_s": latency["without_cache"]["ttft_s"],
@@ -64,4 +72,7 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         "predicted_speedup": latency["predicted"]["speedup"],
         "kv_bytes_per_token_formula": kv["formula"],
         "kv_bytes_per_token_measured": kv["measured"],
+        # every sample: the whole generations and the per-pair fits (not columns of compare.csv)
+        "generate_samples_s": {label: latency[label]["generate_samples_s"] for label in spread},
+        "fit_runs": latency["fit_runs"],
     }

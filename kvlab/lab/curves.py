@@ -13,14 +13,14 @@ and the lab step it extends can never disagree about the rule they measure:
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 
 import numpy as np
 import torch
 
 from kvlab.engine import sampling
-from kvlab.lab import steps
+from kvlab.engine.device import timing_context
+from kvlab.lab import steps, timing
 from kvlab.lab.formulas import MODES, fed_formulas
 
 log = logging.getLogger("kvlab")
@@ -48,18 +48,22 @@ def repeats_for(new_tokens: int, repeats: int, long_from: int | None, long_repea
 
 
 def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repeats: int,
-               long_from: int | None, long_repeats: int, device) -> list[dict]:
-    """For each N: the lab's greedy pair (fed tokens counted, same ids) and its timing.
+               long_from: int | None, long_repeats: int, max_seconds: float, device) -> tuple[list[dict], dict]:
+    """For each N: the lab's greedy pair (fed tokens counted, same ids) and its timing, step 3's own
+    (`steps.time_generation`: repeated while unstable, for at most `max_seconds` a mode).
 
     The counted generations of steps 1-2 are the first warm-up of each mode; `warmup - 1`
-    more untimed runs follow inside `time_generation`. One row per N."""
-    rows = []
+    more untimed runs follow inside `time_generation`. Returns one row per N, and every timing's
+    samples and summaries by N."""
+    rows, runs = [], {}
     started = time.perf_counter()
     for index, new_tokens in enumerate(new_tokens_list, start=1):
         same, count = steps.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
         timed_runs = repeats_for(new_tokens, repeats, long_from, long_repeats)
-        timing, _ = steps.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs, device)
+        medians, timed = steps.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs,
+                                               max_seconds, device)
         formulas = fed_formulas(count["prompt_len"], new_tokens)
+        summary, speedup = timed["summary"], timed["speedup"]
         row = {
             "new_tokens": new_tokens,
             "prompt_len": count["prompt_len"],
@@ -68,18 +72,27 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
             "formula_with_cache": formulas["with_cache"],
             "formula_without_cache": formulas["without_cache"],
             "token_ratio": count["fed_without_cache"] / count["fed_with_cache"],
-            "with_cache_s": timing["with_cache_s"],
-            "without_cache_s": timing["without_cache_s"],
-            "speedup": timing["speedup"],
+            "with_cache_s": medians["with_cache_s"],
+            "without_cache_s": medians["without_cache_s"],
+            "speedup": medians["speedup"],
+            "speedup_low": speedup["low"],
+            "speedup_high": speedup["high"],
             "timed_runs": timed_runs,
+            "with_cache_n": summary["with_cache"]["n"],
+            "without_cache_n": summary["without_cache"]["n"],
+            "with_cache_iqr_share": summary["with_cache"]["iqr_share"],
+            "without_cache_iqr_share": summary["without_cache"]["iqr_share"],
+            "unstable": summary["with_cache"]["unstable"] or summary["without_cache"]["unstable"],
             "same_ids": same["same_ids"],
         }
         rows.append(row)
-        log.info("[%d/%d] N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d runs; %.1f s so far",
+        runs[str(new_tokens)] = {key: timed[key] for key in ("runs_s", "summary", "speedup")}
+        log.info("[%d/%d] N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d / %d runs; %.1f s so far",
                  index, len(new_tokens_list), new_tokens, row["fed_with_cache"], row["fed_without_cache"],
                  row["formula_with_cache"], row["formula_without_cache"], row["with_cache_s"],
-                 row["without_cache_s"], timed_runs, time.perf_counter() - started)
-    return rows
+                 row["without_cache_s"], row["with_cache_n"], row["without_cache_n"], time.perf_counter() - started)
+    context = {key: timed[key] for key in ("device", "processor", "torch_threads")} if rows else {}
+    return rows, {"by_new_tokens": runs, "warmup": warmup, "max_seconds": max_seconds, **context}
 
 
 # ---------------------------------------------------------------------------
@@ -105,51 +118,75 @@ def predict_time(fed_tokens, fit: dict) -> float:
     return sum(fit["fixed_s"] + fit["per_token_s"] * fed for fed in fed_tokens)
 
 
-def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, device) -> dict:
+def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
+                 device) -> dict:
     """Time every forward call of the greedy generation, in both modes.
 
-    Each step's time is the median over `repeats` timed generations (after `warmup` untimed).
-    TTFT is the first step (the prefill of the whole prompt), TPOT the median of the later
-    steps. Every step of both modes fits seconds = fixed + per_token * fed (the cached steps,
-    one token each, pin the fixed cost; the no-cache steps alone span only P..P+N-1 tokens, and
-    extrapolating that narrow window down to one token can even give a negative fixed cost);
-    the fit then predicts both modes' total time from their fed tokens alone."""
+    Each mode runs `warmup` untimed generations, then timed ones, `repeats` and more while the
+    whole generations' times are unstable, for at most `max_seconds` (kvlab.lab.timing.repeat).
+    Each step's time is the median over the timed generations; TTFT is the first step (the prefill
+    of the whole prompt), TPOT the median of the later steps. Every step of both modes fits
+    seconds = fixed + per_token * fed (the cached steps, one token each, pin the fixed cost; the
+    no-cache steps alone span only P..P+N-1 tokens, and extrapolating that narrow window down to
+    one token can even give a negative fixed cost); the fit then predicts both modes' total time
+    from their fed tokens alone, beside the speedup these same generations measured. The fit is
+    also made on each timed generation of both modes (the i-th of each), for its spread. The
+    wrapper that times every step synchronises and records at each one, so these generations
+    run a little slower than step 3's."""
     prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
     prompt_len = len(prompt_ids)
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "warmup": warmup, "repeats": repeats,
-                    "device": str(device), "torch_threads": torch.get_num_threads()}
+                    "max_seconds": max_seconds, **timing_context(device)}
+    runs: dict[str, list] = {}
     for label, use_cache in MODES:
         for _ in range(warmup):
             model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
-        runs, generate_s = [], []
-        for repeat in range(repeats):
-            start = time.perf_counter()
+        runs[label] = []
+
+        def generate():
             with steps.recording_forward(model) as calls:
                 model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
-            generate_s.append(time.perf_counter() - start)
-            runs.append(calls)
-            log.info("%s run %d/%d: %d steps, %.4f s", label, repeat + 1, repeats, len(calls.seconds), generate_s[-1])
-        fed = runs[0].fed_lengths
-        step_s = [statistics.median(run.seconds[step] for run in runs) for step in range(len(fed))]
+            runs[label].append(calls)
+
+        generate_s = timing.repeat(generate, repeats, max_seconds)
+        log.info("%s: %d timed generations of %d steps, median %.4f s", label, len(generate_s),
+                 len(runs[label][0].seconds), float(np.median(generate_s)))
+        fed = runs[label][0].fed_lengths
+        step_samples = [[run.seconds[step] for run in runs[label]] for step in range(len(fed))]
+        step_s = [float(np.median(samples)) for samples in step_samples]
         result[label] = {
             "ttft_s": step_s[0],
-            "tpot_s": statistics.median(step_s[1:]) if len(step_s) > 1 else None,
+            "ttft": timing.summary(step_samples[0]),
+            "tpot_s": float(np.median(step_s[1:])) if len(step_s) > 1 else None,
             "sum_steps_s": sum(step_s),
-            "generate_s": statistics.median(generate_s),
+            "generate_s": float(np.median(generate_s)),
+            "generate": timing.summary(generate_s),
+            "generate_samples_s": generate_s,
             "fed_tokens": fed,
             # tokens the step's forward attends over: the prompt plus what was generated before it
             "context_tokens": [prompt_len + step for step in range(len(fed))],
             "step_s": step_s,
+            "step_samples_s": step_samples,
         }
-    fit = fit_step_cost([fed for label, _ in MODES for fed in result[label]["fed_tokens"]],
-                        [sec for label, _ in MODES for sec in result[label]["step_s"]])
+    both_fed = [fed for label, _ in MODES for fed in result[label]["fed_tokens"]]
+    fit = fit_step_cost(both_fed, [sec for label, _ in MODES for sec in result[label]["step_s"]])
     predicted = {label: predict_time(result[label]["fed_tokens"], fit) for label, _ in MODES}
     result["fit"] = {**fit, "on": "every step of both modes"}
+    result["fit_runs"] = [
+        {key: value for key, value in fit_step_cost(both_fed, list(with_run.seconds) + list(without_run.seconds)).items()
+         if key in ("fixed_s", "per_token_s", "r2")}
+        for with_run, without_run in zip(runs["with_cache"], runs["without_cache"])
+    ]
     result["predicted"] = {
         "with_cache_s": predicted["with_cache"],
         "without_cache_s": predicted["without_cache"],
         "speedup": predicted["without_cache"] / predicted["with_cache"],
     }
+    result["measured"] = timing.ratio_interval(result["without_cache"]["generate"], result["with_cache"]["generate"])
+    # The prefill is the same work in both modes: TTFTs whose spreads do not meet are a timing artefact
+    # (a first call after a switch of mode, the machine's speed changing), not a finding.
+    result["ttft_agree"] = timing.overlap(*((result[label]["ttft"]["q1_s"], result[label]["ttft"]["q3_s"])
+                                            for label, _ in MODES))
     return result
 
 

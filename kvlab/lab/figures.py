@@ -72,7 +72,7 @@ TEXT = {
         "entropy_title": "Entropy of the distribution each token was drawn from",
         "temperature_title": "Sampling the SFT model's answer to the lab question at each temperature (same seed)",
         "token_ratio": "token ratio {ratio:.1f}× (the ceiling)",
-        "measured_speedup": "measured speedup (median times)",
+        "measured_speedup": "measured speedup (median times, bars: its interval)",
         "predicted_speedup": "predicted by each model's fixed-cost fit",
         "parameters_log": "parameters (log scale)",
         "speedup_log": "speedup from the cache (log scale)",
@@ -123,7 +123,7 @@ TEXT = {
         "entropy_title": "각 토큰을 뽑은 분포의 엔트로피",
         "temperature_title": "온도마다 실습 질문에 대한 SFT 모델의 답을 샘플링 (같은 시드)",
         "token_ratio": "토큰 수 비 {ratio:.1f}× (상한)",
-        "measured_speedup": "측정한 속도 향상 (시간 중앙값)",
+        "measured_speedup": "측정한 속도 향상 (시간 중앙값, 막대: 구간)",
         "predicted_speedup": "모델별 고정 비용 직선 맞춤의 예측",
         "parameters_log": "파라미터 수 (로그 눈금)",
         "speedup_log": "캐시로 얻은 속도 향상 (로그 눈금)",
@@ -331,8 +331,10 @@ def compare_curve(rows: list[dict], path, language: str = "en") -> None:
         for index, ratio in enumerate(ratios):
             speed_ax.axhline(ratio, color="grey", ls=":", lw=1.2,
                              label=text("token_ratio", ratio=ratio) if index == 0 else None)
-        speed_ax.plot(params, [row["speedup"] for row in rows], "o-", color="tab:blue", ms=7,
-                      label=text("measured_speedup"))
+        speedups = np.array([row["speedup"] for row in rows])
+        speed_ax.errorbar(params, speedups, yerr=[speedups - [row["speedup_low"] for row in rows],
+                                                  [row["speedup_high"] for row in rows] - speedups],
+                          fmt="o-", color="tab:blue", ms=7, capsize=4, label=text("measured_speedup"))
         speed_ax.plot(params, [row["predicted_speedup"] for row in rows], "D", color="tab:orange", ms=6, mfc="none",
                       mew=1.5, label=text("predicted_speedup"))
         for x, y, name in zip(params, [row["speedup"] for row in rows], names):

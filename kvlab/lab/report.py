@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 from kvlab.io import read_csv_rows, read_json
 from kvlab.lab.formulas import fed_formulas
+from kvlab.lab.timing import UNSTABLE_IQR_SHARE, overlap
 
 # How consistently a sequence must move for the report to call it a trend (Kendall's tau).
 TREND_TAU = 0.6
@@ -52,8 +53,12 @@ def build_context(results: dict[str, dict], language: str, answers_shown: int = 
         "prompt": results["prompt"],
         "card": model_card_context(results["model_card"]),
     }
+    context["step3"] = {"speedup": results["time_runs"]["speedup"], **results["time_runs"]["summary"]}
     context.update(extras_context(results, timing))
     context["trend"] = trends(context)
+    context["unstable"] = unstable_timings(context)
+    context["unstable_rule"] = UNSTABLE_IQR_SHARE
+    context["same_generation"] = same_generation(context)
     return context
 
 
@@ -87,13 +92,42 @@ def direction(values) -> str:
 
 
 def comparison(pairs) -> str:
-    """For (a, b) pairs: "first" if a > b in every pair, "second" if a < b in every pair, else "mixed"."""
+    """For (a, b) pairs: "first" if a is at least b in every pair and above it in one, "second" the
+    other way round, "equal" if every pair ties, else "mixed" (the order changes)."""
     pairs = list(pairs)
-    if pairs and all(a > b for a, b in pairs):
+    if not pairs or all(a == b for a, b in pairs):
+        return "equal"
+    if all(a >= b for a, b in pairs):
         return "first"
-    if pairs and all(a < b for a, b in pairs):
+    if all(a <= b for a, b in pairs):
         return "second"
     return "mixed"
+
+
+def against(interval: tuple[float, float], value: float) -> str:
+    """Where a measured interval (low, high) lies against a value: "below", "above", or "within"
+    (this machine cannot tell them apart)."""
+    low, high = interval
+    if high < value:
+        return "below"
+    if low > value:
+        return "above"
+    return "within"
+
+
+def interval_direction(intervals) -> str:
+    """How a sequence of intervals (low, high) moves: "up" when each lies wholly above the one before,
+    "down" wholly below, "unclear" when some neighbours overlap (the spreads cannot tell them apart),
+    "single" for one."""
+    intervals = list(intervals)
+    if len(intervals) < 2:
+        return "single"
+    pairs = list(zip(intervals, intervals[1:]))
+    if all(after[0] > before[1] for before, after in pairs):
+        return "up"
+    if all(after[1] < before[0] for before, after in pairs):
+        return "down"
+    return "unclear"
 
 
 def trends(context: dict) -> dict:
@@ -101,17 +135,21 @@ def trends(context: dict) -> dict:
     claims a trend the data does not show (the template picks its sentence by these words)."""
     rows = context["temperature_rows"]
     lowest = min(rows, key=lambda row: float(row["temperature"]))
+    speedup = context["step3"]["speedup"]
+    interval = (speedup["low"], speedup["high"])
     trend = {
-        # "faster" / "slower" / "same": the cache's effect on time at all
-        "cache_time": "faster" if context["time"]["speedup"] > 1 else "slower",
+        # the cache's effect on time at all: its speedup's interval above 1 ("above": faster), below
+        # 1 ("below": slower), or around it ("within": this machine cannot tell)
+        "cache_time": against(interval, 1.0),
         # is the time gain below the token gain (the fixed cost per step at work)?
-        "time_below_tokens": context["time"]["speedup"] < context["token_ratio"],
+        "time_vs_tokens": against(interval, context["token_ratio"]),
         "temperature": direction(row["distinct"] for row in sorted(rows, key=lambda r: float(r["temperature"]))),
         # at the lowest temperature, do (nearly) all answers agree? at most a fifth distinct
         "lowest_agree": lowest["distinct"] <= max(1, lowest["samples"] // 5),
         "lowest": lowest,
-        # which prefix leaves more top-p candidates, at every p of the lab
+        # which prefix leaves more top-p candidates, at every p of the lab, and at how many p they tie
         "topp": comparison((row["flat"], row["sharp"]) for row in context["topp_rows"]),
+        "topp_ties": sum(row["flat"] == row["sharp"] for row in context["topp_rows"]),
     }
     if "temp_curve" in context:
         curve = context["temp_curve"]["rows"]
@@ -120,9 +158,10 @@ def trends(context: dict) -> dict:
     if "topp_curve" in context:
         curve = context["topp_curve"]["rows"]
         trend["curve_topp"] = comparison((row["flat"], row["sharp"]) for row in curve)
+        trend["curve_topp_ties"] = sum(row["flat"] == row["sharp"] for row in curve)
     if "sweep" in context:
         last = context["sweep"]["rows"][-1]
-        trend["sweep_time_below_tokens"] = last["speedup"] < last["token_ratio"]
+        trend["sweep_time_vs_tokens"] = against((last["speedup_low"], last["speedup_high"]), last["token_ratio"])
     return trend
 
 
@@ -140,16 +179,20 @@ def extras_context(results: dict, timing: dict) -> dict:
     if "latency" in results:
         latency = results["latency"]
         context["latency"] = {
-            **{label: {key: latency[label][key] for key in ("ttft_s", "tpot_s", "sum_steps_s", "generate_s")}
+            **{label: {key: latency[label][key] for key in ("ttft_s", "ttft", "tpot_s", "sum_steps_s", "generate_s",
+                                                           "generate")}
                for label in ("with_cache", "without_cache")},
             "fit": latency["fit"],
             "predicted": latency["predicted"],
-            "measured_speedup": timing["speedup"],
+            # the speedup of these same instrumented generations, the one the fit predicts
+            "measured": latency["measured"],
             "new_tokens": latency["new_tokens"],
             "prompt_len": latency["prompt_len"],
-            "repeats": latency["repeats"],
+            "ttft_agree": latency["ttft_agree"],
             # a fit that explains little, or a negative fixed cost, says the clock was noisy
             "fit_unreliable": latency["fit"]["r2"] < 0.8 or latency["fit"]["fixed_s"] <= 0,
+            "prediction": against((latency["measured"]["low"], latency["measured"]["high"]),
+                                  latency["predicted"]["speedup"]),
         }
     if "kv_capacity" in results:
         context["capacity"] = capacity_table(results["kv_capacity"])
@@ -157,7 +200,11 @@ def extras_context(results: dict, timing: dict) -> dict:
         rows = results["topp_curve"]
         # the lab sheet's own p values, and the end of the curve
         marks = [row for row in rows if row["lab_p"] or row is rows[-1]]
-        context["topp_curve"] = {"rows": rows, "first": rows[0], "last": rows[-1], "marks": marks}
+        last = rows[-1]
+        # at p = 1 the rule may still cut the tail (the rounded cumulative sum passing 1): how much
+        cut = {"flat": last["vocab_size"] - last["flat"], "sharp": last["vocab_size"] - last["sharp"]}
+        context["topp_curve"] = {"rows": rows, "first": rows[0], "last": last, "marks": marks, "cut": cut,
+                                 "cut_share": {key: n / last["vocab_size"] for key, n in cut.items()}}
     if "compare" in results:
         context["compare"] = compare_context(results["compare"])
     if "temp_curve" in results:
@@ -175,7 +222,8 @@ def extras_context(results: dict, timing: dict) -> dict:
 
 def compare_context(rows: list[dict]) -> dict:
     """compare.csv with, per row, the speedup as a share of the token ratio; and the trends over model
-    size that the prose may state (the fixed share of an average no-cache step is a column of the table)."""
+    size that the prose may state, each only where the spreads of neighbouring sizes do not overlap
+    (the fixed share of an average no-cache step is a column of the table, with its spread)."""
     for row in rows:
         row["of_ratio"] = row["speedup"] / row["token_ratio"]
         row["formulas_match"] = (row["fed_with_cache"] == row["formula_with_cache"]
@@ -186,13 +234,52 @@ def compare_context(rows: list[dict]) -> dict:
         "rows": rows,
         "smallest": by_size[0],
         "largest": by_size[-1],
-        "speedup_trend": direction(row["speedup"] for row in by_size) if len(rows) > 1 else "single",
-        "fixed_share_trend": direction(row["fixed_share_without_cache"] for row in by_size) if len(rows) > 1 else "single",
+        "speedup_trend": interval_direction((row["speedup_low"], row["speedup_high"]) for row in by_size),
+        "fixed_share_trend": interval_direction(
+            (row["fixed_share_without_cache_low"], row["fixed_share_without_cache_high"]) for row in by_size),
         "all_same": all(str(row["same_ids"]) == "True" for row in rows),
         "all_match": all(row["formulas_match"] and row["bytes_match"] for row in rows),
         "random": [row["name"] for row in rows if row["weights"] != "checkpoint"],
         "ratios": sorted({round(row["token_ratio"], 1) for row in rows}),
     }
+
+
+def unstable_timings(context: dict) -> list[dict]:
+    """Every timing the rule calls unstable (IQR at least 10% of its median), as {what, share}: step 3's
+    modes, the sweep's N, the per-step timing's modes, the compared models."""
+    found = [{"what": "step3", "mode": label, "share": context["step3"][label]["iqr_share"]}
+             for label in ("with_cache", "without_cache") if context["step3"][label]["unstable"]]
+    for row in context.get("sweep", {}).get("rows", []):
+        if row["unstable"]:
+            found.append({"what": "sweep", "n": row["new_tokens"],
+                          "share": max(row["with_cache_iqr_share"], row["without_cache_iqr_share"])})
+    latency = context.get("latency")
+    if latency:
+        found += [{"what": "latency", "mode": label, "share": latency[label]["generate"]["iqr_share"]}
+                  for label in ("with_cache", "without_cache") if latency[label]["generate"]["unstable"]]
+    for row in context.get("compare", {}).get("rows", []):
+        if row["unstable"]:
+            found.append({"what": "compare", "name": row["name"],
+                          "share": max(row["with_cache_iqr_share"], row["without_cache_iqr_share"])})
+    return found
+
+
+def same_generation(context: dict) -> dict:
+    """The lab's timed generation (step 3's P and N) as other parts timed it too: the sweep's row at the
+    same N and the per-step timing's own generations; whether their speedups' intervals all meet."""
+    step3 = context["step3"]["speedup"]
+    timings = [{"what": "step3", "ratio": step3["ratio"], "low": step3["low"], "high": step3["high"]}]
+    n = context["count"]["new_tokens"]
+    for row in context.get("sweep", {}).get("rows", []):
+        if row["new_tokens"] == n and row["prompt_len"] == context["count"]["prompt_len"]:
+            timings.append({"what": "sweep", "ratio": row["speedup"], "low": row["speedup_low"],
+                            "high": row["speedup_high"]})
+    latency = context.get("latency")
+    if latency and latency["new_tokens"] == n:
+        timings.append({"what": "latency", **latency["measured"]})
+    intervals = [(timing["low"], timing["high"]) for timing in timings]
+    agree = all(overlap(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1:])
+    return {"timings": timings, "agree": agree, "several": len(timings) > 1}
 
 
 def capacity_table(rows: list[dict]) -> dict:

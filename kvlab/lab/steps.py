@@ -4,16 +4,17 @@ that the workflow writes as JSON. Snakemake scripts only load inputs and call th
 
 from __future__ import annotations
 
-import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
 import torch
 
-from kvlab.engine.device import dtype_name
+from kvlab.engine.device import dtype_name, timing_context
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
 from kvlab.engine.sampling import top_p_keep
 from kvlab.engine.tokenizer import Tokenizer
+from kvlab.lab import timing
 from kvlab.lab.formulas import MODES
 
 # Greedy decoding with every knob off, as the lab sheet asks for steps 1-3.
@@ -109,36 +110,57 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, device) -> tuple[dict, dict]:
-    """Step 3: warm-up runs, then `repeats` timed runs of each mode; median seconds.
+def use_threads(threads: int) -> None:
+    """PyTorch's CPU threads for what is timed next (the config's timing.threads)."""
+    torch.set_num_threads(threads)
 
-    Returns (time.json, the raw runs)."""
-    prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
-    runs: dict[str, list[float]] = {}
+
+def time_modes(model, prompt: torch.Tensor, new_tokens: int, warmup: int, repeats: int, max_seconds: float,
+               device) -> dict[str, list[float]]:
+    """Seconds of whole greedy generations, in each mode: `warmup` untimed runs, then `repeats` timed
+    ones and more while the spread is unstable, for at most `max_seconds` (kvlab.lab.timing.repeat)."""
+    samples = {}
     for label, use_cache in MODES:
+        def run():
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+            _sync(device)
+
         for _ in range(warmup):
-            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
-        seconds = []
-        for _ in range(repeats):
-            _sync(device)
-            start = time.perf_counter()
-            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
-            _sync(device)
-            seconds.append(time.perf_counter() - start)
-        runs[label] = seconds
-    with_s = statistics.median(runs["with_cache"])
-    without_s = statistics.median(runs["without_cache"])
-    result = {"with_cache_s": with_s, "without_cache_s": without_s, "speedup": without_s / with_s}
-    raw = {
-        "runs_s": runs,
+            run()
+        _sync(device)
+        samples[label] = timing.repeat(run, repeats, max_seconds)
+    return samples
+
+
+def timed_speedup(samples: dict[str, list[float]]) -> dict:
+    """Each mode's summary and the speedup (without over with) with its interval."""
+    stats = {label: timing.summary(samples[label]) for label, _ in MODES}
+    return {**stats, "speedup": timing.ratio_interval(stats["without_cache"], stats["with_cache"])}
+
+
+def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
+                    device) -> tuple[dict, dict]:
+    """Step 3: warm-up runs, then timed runs of each mode until their spread is steady or time is up.
+
+    Returns (time.json: the sheet's three keys, medians and their ratio; time_runs.json: every
+    sample, each mode's summary, the speedup's interval and what the timing ran on)."""
+    prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
+    samples = time_modes(model, prompt, new_tokens, warmup, repeats, max_seconds, device)
+    stats = timed_speedup(samples)
+    result = {"with_cache_s": stats["with_cache"]["median_s"], "without_cache_s": stats["without_cache"]["median_s"],
+              "speedup": stats["speedup"]["ratio"]}
+    runs = {
+        "runs_s": samples,
+        "summary": {label: stats[label] for label, _ in MODES},
+        "speedup": stats["speedup"],
         "warmup": warmup,
         "repeats": repeats,
+        "max_seconds": max_seconds,
         "new_tokens": new_tokens,
         "prompt_len": len(prompt_ids),
-        "device": str(device),
-        "torch_threads": torch.get_num_threads(),
+        **timing_context(device),
     }
-    return result, raw
+    return result, runs
 
 
 def measure_kv_bytes(model: MiniMindForCausalLM, tokens: int, seed: int, device) -> dict:
