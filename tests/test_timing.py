@@ -82,14 +82,17 @@ def test_trends_and_comparisons_follow_the_intervals():
 
 # --- a timed job that shares its core ----------------------------------------------------------------
 
+# Bursts of work and rest about as long as a timed run (0.1 to 0.3 s here): some runs share the core
+# throughout, some not at all, most in part, so their times spread (shorter bursts would average out
+# within every run and only slow them all alike).
 BURN = """
 import random, time
 random.seed(0)
-while True:  # bursts of work and rest of random lengths: some timed runs share the core, some do not
-    end = time.perf_counter() + random.uniform(0.005, 0.08)
+while True:
+    end = time.perf_counter() + random.uniform(0.1, 0.4)
     while time.perf_counter() < end:
         pass
-    time.sleep(random.uniform(0.005, 0.08))
+    time.sleep(random.uniform(0.1, 0.4))
 """
 
 

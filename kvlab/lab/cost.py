@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from kvlab.engine.device import dtype_name
 from kvlab.engine.model import count_parameters
-from kvlab.lab import capacity, curves, steps
-from kvlab.lab.formulas import fed_formulas
+from kvlab.lab import capacity, curves, steps, timing
+from kvlab.lab.formulas import MODES, fed_formulas
 
 
 def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
@@ -29,7 +29,7 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     kv = capacity.bytes_per_token(model, dtype, kv_tokens, seed, device)
     formulas = fed_formulas(len(prompt_ids), new_tokens)
     with_s, without_s = latency["with_cache"]["generate_s"], latency["without_cache"]["generate_s"]
-    spread = {label: latency[label]["generate"] for label in ("with_cache", "without_cache")}
+    summaries = {label: latency[label]["generate"] for label, _ in MODES}
     return {
         "parameters": count_parameters(model),
         "layers": config.num_hidden_layers,
@@ -52,16 +52,10 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         "with_cache_s": with_s,
         "without_cache_s": without_s,
         "speedup": without_s / with_s,
-        "speedup_low": latency["measured"]["low"],
-        "speedup_high": latency["measured"]["high"],
         "token_ratio": count["fed_without_cache"] / count["fed_with_cache"],
         "warmup": warmup,
         "repeats": repeats,
-        "with_cache_n": spread["with_cache"]["n"],
-        "without_cache_n": spread["without_cache"]["n"],
-        "with_cache_iqr_share": spread["with_cache"]["iqr_share"],
-        "without_cache_iqr_share": spread["without_cache"]["iqr_share"],
-        "unstable": spread["with_cache"]["unstable"] or spread["without_cache"]["unstable"],
+        **timing.spread_columns(summaries, latency["measured"]),
         "ttft_with_cache_s": latency["with_cache"]["ttft_s"],
         "tpot_with_cache_s": latency["with_cache"]["tpot_s"],
         "ttft_without_cache_s": latency["without_cache"]["ttft_s"],
@@ -73,6 +67,6 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         "kv_bytes_per_token_formula": kv["formula"],
         "kv_bytes_per_token_measured": kv["measured"],
         # every sample: the whole generations and the per-pair fits (not columns of compare.csv)
-        "generate_samples_s": {label: latency[label]["generate_samples_s"] for label in spread},
+        "generate_samples_s": {label: latency[label]["generate_samples_s"] for label in summaries},
         "fit_runs": latency["fit_runs"],
     }

@@ -63,7 +63,6 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
         medians, timed = steps.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs,
                                                max_seconds, device)
         formulas = fed_formulas(count["prompt_len"], new_tokens)
-        summary, speedup = timed["summary"], timed["speedup"]
         row = {
             "new_tokens": new_tokens,
             "prompt_len": count["prompt_len"],
@@ -75,14 +74,8 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
             "with_cache_s": medians["with_cache_s"],
             "without_cache_s": medians["without_cache_s"],
             "speedup": medians["speedup"],
-            "speedup_low": speedup["low"],
-            "speedup_high": speedup["high"],
             "timed_runs": timed_runs,
-            "with_cache_n": summary["with_cache"]["n"],
-            "without_cache_n": summary["without_cache"]["n"],
-            "with_cache_iqr_share": summary["with_cache"]["iqr_share"],
-            "without_cache_iqr_share": summary["without_cache"]["iqr_share"],
-            "unstable": summary["with_cache"]["unstable"] or summary["without_cache"]["unstable"],
+            **timing.spread_columns(timed["summary"], timed["speedup"]),
             "same_ids": same["same_ids"],
         }
         rows.append(row)

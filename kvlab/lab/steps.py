@@ -115,10 +115,14 @@ def use_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def time_modes(model, prompt: torch.Tensor, new_tokens: int, warmup: int, repeats: int, max_seconds: float,
-               device) -> dict[str, list[float]]:
-    """Seconds of whole greedy generations, in each mode: `warmup` untimed runs, then `repeats` timed
-    ones and more while the spread is unstable, for at most `max_seconds` (kvlab.lab.timing.repeat)."""
+def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
+                    device) -> tuple[dict, dict]:
+    """Step 3: in each mode, `warmup` untimed greedy generations, then `repeats` timed ones and more
+    while their spread is unstable, for at most `max_seconds` (kvlab.lab.timing.repeat).
+
+    Returns (time.json: the sheet's three keys, medians and their ratio; time_runs.json: every
+    sample, each mode's summary, the speedup's interval and what the timing ran on)."""
+    prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
     samples = {}
     for label, use_cache in MODES:
         def run():
@@ -127,32 +131,15 @@ def time_modes(model, prompt: torch.Tensor, new_tokens: int, warmup: int, repeat
 
         for _ in range(warmup):
             run()
-        _sync(device)
         samples[label] = timing.repeat(run, repeats, max_seconds)
-    return samples
-
-
-def timed_speedup(samples: dict[str, list[float]]) -> dict:
-    """Each mode's summary and the speedup (without over with) with its interval."""
-    stats = {label: timing.summary(samples[label]) for label, _ in MODES}
-    return {**stats, "speedup": timing.ratio_interval(stats["without_cache"], stats["with_cache"])}
-
-
-def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
-                    device) -> tuple[dict, dict]:
-    """Step 3: warm-up runs, then timed runs of each mode until their spread is steady or time is up.
-
-    Returns (time.json: the sheet's three keys, medians and their ratio; time_runs.json: every
-    sample, each mode's summary, the speedup's interval and what the timing ran on)."""
-    prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
-    samples = time_modes(model, prompt, new_tokens, warmup, repeats, max_seconds, device)
-    stats = timed_speedup(samples)
-    result = {"with_cache_s": stats["with_cache"]["median_s"], "without_cache_s": stats["without_cache"]["median_s"],
-              "speedup": stats["speedup"]["ratio"]}
+    summary = {label: timing.summary(samples[label]) for label, _ in MODES}
+    speedup = timing.ratio_interval(summary["without_cache"], summary["with_cache"])
+    result = {"with_cache_s": summary["with_cache"]["median_s"], "without_cache_s": summary["without_cache"]["median_s"],
+              "speedup": speedup["ratio"]}
     runs = {
         "runs_s": samples,
-        "summary": {label: stats[label] for label, _ in MODES},
-        "speedup": stats["speedup"],
+        "summary": summary,
+        "speedup": speedup,
         "warmup": warmup,
         "repeats": repeats,
         "max_seconds": max_seconds,

@@ -53,6 +53,19 @@ def ratio_interval(slow: dict, fast: dict) -> dict:
     }
 
 
+def spread_columns(summaries: dict[str, dict], speedup: dict) -> dict:
+    """The columns that give a table's row of a speedup its spread (sweep.csv, compare.csv): the
+    interval, each mode's number of runs and IQR share (`summaries` by mode), and whether either
+    mode was unstable."""
+    return {
+        "speedup_low": speedup["low"],
+        "speedup_high": speedup["high"],
+        **{f"{mode}_n": summary["n"] for mode, summary in summaries.items()},
+        **{f"{mode}_iqr_share": summary["iqr_share"] for mode, summary in summaries.items()},
+        "unstable": any(summary["unstable"] for summary in summaries.values()),
+    }
+
+
 def overlap(first: tuple[float, float], second: tuple[float, float]) -> bool:
     """Whether two intervals (low, high) share any value."""
     return first[0] <= second[1] and second[0] <= first[1]
