@@ -47,19 +47,26 @@ def write_json_atomic(path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
 
 
+def _delimiter(path) -> str:
+    """A tab for a .tsv file, else a comma."""
+    return "\t" if Path(path).suffix == ".tsv" else ","
+
+
 def write_csv_atomic(path, rows: list[dict]) -> None:
-    """One row per dict, columns in the first row's key order (numbers written as Python prints them)."""
+    """One row per dict, columns in the first row's key order (numbers written as Python prints them);
+    tab-separated when `path` ends in .tsv."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [], lineterminator="\n",
+                                delimiter=_delimiter(path))
         writer.writeheader()
         writer.writerows(rows)
 
 
 def read_csv_rows(path) -> list[dict]:
     """The rows of a CSV file as dicts, each column typed as a whole, as pandas reads it: booleans
-    (True/False), integers, floats (an empty cell is NaN), or text."""
+    (True/False), integers, floats (an empty cell is NaN), or text. A .tsv file is tab-separated."""
     with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(f, delimiter=_delimiter(path)))
     for column in rows[0] if rows else []:
         values = _typed([row[column] for row in rows])
         for row, value in zip(rows, values):

@@ -111,7 +111,11 @@ LAB_DETAILS = {
     "topp_sharp": "results/topp_sharp.json",
 }
 # Beyond the sheet (rules/extras.smk, rules/compare.smk), and what they write beside.
-EXTRA_DETAILS = {"sweep_runs": "results/sweep_runs.json"}
+EXTRA_DETAILS = {
+    "sweep_runs": "results/sweep_runs.json",
+    "batch_runs": "results/batch_runs.json",
+    "kv_waste_requests": "results/kv_waste_requests.json",
+}
 EXTRA_RESULTS = {
     "sweep": "results/sweep.csv",
     "latency": "results/latency.json",
@@ -119,6 +123,8 @@ EXTRA_RESULTS = {
     "topp_curve": "results/topp_curve.csv",
     "temp_curve": "results/temp_curve.csv",
     "compare": "results/compare.csv",
+    "batch": "results/batch.tsv",
+    "kv_waste": "results/kv_waste.csv",
 }
 # One rule a figure (rules/figures.smk), named by the key; its caption is report/NAME.rst.
 FIGURES = {
@@ -130,6 +136,8 @@ FIGURES = {
         "subcategory": "Temperature curve",
     },
     "figure_compare": {"data": "compare", "subcategory": "Model comparison"},
+    "figure_batch": {"data": "batch", "subcategory": "Batching"},
+    "figure_kv_waste": {"data": "kv_waste", "subcategory": "KV reservation"},
 }
 for name, figure in FIGURES.items():
     figure["path"] = f"results/figures/{name.removeprefix('figure_')}.png"

@@ -12,6 +12,8 @@ DRAW = {
     "figure_topp_survivors": figures.topp_curve,
     "figure_temperature_effect": figures.temperature_curve,
     "figure_compare": figures.compare_curve,
+    "figure_batch": figures.batch_curve,
+    "figure_kv_waste": figures.kv_waste_bars,
 }
 
 

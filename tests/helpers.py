@@ -97,6 +97,9 @@ SMALL_EXTRAS = {
     "topp_curve": {"step": 0.25},
     "temp_curve": {"min": 0.5, "max": 1.5, "step": 0.5},
     "compare": {"prompt_tokens": 20, "new_tokens": 6, "warmup": 0, "repeats": 1, "kv_tokens": 4},
+    # the course's 8 validation documents bound the distinct batch and the requests
+    "batch": {"prompt_tokens": 20, "new_tokens": 4, "sizes": [1, 2, 4], "warmup": 0, "repeats": 1},
+    "kv_waste": {"requests": 6, "prompt_cap": 16, "answer_cap": 8},
 }
 
 

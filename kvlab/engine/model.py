@@ -6,6 +6,10 @@ one block, the stack, and the causal-LM head with its `generate` loop.
 
 Shapes: B batch, T tokens fed this call, S cached + fed tokens, H query heads,
 KV key/value heads, D head_dim, C hidden_size, V vocab_size.
+
+A batch of prompts of different lengths is left-padded, as MiniMind's `generate` takes it: an
+`attention_mask` (B, S) of 1 for a real token and 0 for padding hides the padding from every
+query. Positions are not shifted (RoPE scores depend only on the distance between two tokens).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, past_kv=None, use_cache=False):
+    def forward(self, x, cos, sin, past_kv=None, use_cache=False, attention_mask=None):
         batch, fed, _ = x.shape
         q = self.q_proj(x).view(batch, fed, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch, fed, self.num_kv_heads, self.head_dim)
@@ -96,13 +100,19 @@ class Attention(nn.Module):
         q = q.transpose(1, 2)  # (B, H, T, D)
         k = repeat_kv(k, self.n_rep).transpose(1, 2)  # (B, H, S, D)
         v = repeat_kv(v, self.n_rep).transpose(1, 2)
-        if self.use_flash and fed > 1 and past_kv is None:
+        unpadded = attention_mask is None or bool(attention_mask.all())
+        if self.use_flash and fed > 1 and past_kv is None and unpadded:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, S)
             causal = torch.full((fed, fed), float("-inf"), device=scores.device).triu(1)
             scores[:, :, :, -fed:] += causal
-            out = F.softmax(scores.float(), dim=-1).type_as(q) @ v
+            scores = scores.float()
+            if attention_mask is not None:
+                # MiniMind's rule: a padded key (mask 0) scores -1e9, so softmax gives it no weight.
+                # Added in float32, where a padded query that sees only padding stays finite.
+                scores = scores + (1.0 - attention_mask[:, None, None, :].float()) * -1e9
+            out = F.softmax(scores, dim=-1).type_as(q) @ v
         out = out.transpose(1, 2).reshape(batch, fed, -1)
         return self.o_proj(out), present
 
@@ -128,8 +138,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, past_kv=None, use_cache=False):
-        attn_out, present = self.self_attn(self.input_layernorm(x), cos, sin, past_kv, use_cache)
+    def forward(self, x, cos, sin, past_kv=None, use_cache=False, attention_mask=None):
+        attn_out, present = self.self_attn(self.input_layernorm(x), cos, sin, past_kv, use_cache, attention_mask)
         x = attn_out + x
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, present
@@ -146,7 +156,7 @@ class MiniMindModel(nn.Module):
         self.register_buffer("freqs_cos", cos, persistent=False)
         self.register_buffer("freqs_sin", sin, persistent=False)
 
-    def forward(self, input_ids, past_key_values=None, use_cache=False):
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False):
         fed = input_ids.shape[1]
         start = past_key_values[0][0].shape[1] if past_key_values else 0
         if start + fed > self.config.max_position_embeddings:
@@ -160,7 +170,7 @@ class MiniMindModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         presents = []
         for layer, past_kv in zip(self.layers, past_key_values):
-            hidden, present = layer(hidden, cos, sin, past_kv, use_cache)
+            hidden, present = layer(hidden, cos, sin, past_kv, use_cache, attention_mask)
             presents.append(present)
         return self.norm(hidden), presents
 
@@ -180,8 +190,9 @@ class MiniMindForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.model.embed_tokens.weight = self.lm_head.weight
 
-    def forward(self, input_ids, past_key_values=None, use_cache=False) -> CausalLMOutput:
-        hidden, presents = self.model(input_ids, past_key_values, use_cache)
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False) -> CausalLMOutput:
+        """`attention_mask` (B, cached + fed), when given: 1 for a real token, 0 for left padding."""
+        hidden, presents = self.model(input_ids, attention_mask, past_key_values, use_cache)
         return CausalLMOutput(logits=self.lm_head(hidden), past_key_values=presents if use_cache else None)
 
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
@@ -199,6 +210,7 @@ class MiniMindForCausalLM(nn.Module):
     def generate(
         self,
         inputs: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
         max_new_tokens: int = 8192,
         temperature: float = 0.85,
         top_p: float = 0.85,
@@ -213,16 +225,23 @@ class MiniMindForCausalLM(nn.Module):
 
         Each step feeds `self.forward` only what the cache has not seen yet: the
         whole prompt first (prefill), then one token a step with the cache, or
-        everything so far again without it.
+        everything so far again without it. Prompts of different lengths come left-padded with
+        their `attention_mask` (B, P); each new token extends it with a 1.
         """
         sampling.check_temperature(temperature, do_sample)
         self.check_room(inputs.shape[1], max_new_tokens)
         input_ids = inputs.repeat(num_return_sequences, 1)
+        if attention_mask is not None:
+            if attention_mask.shape != inputs.shape:
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, the inputs {tuple(inputs.shape)}")
+            attention_mask = attention_mask.repeat(num_return_sequences, 1)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         past_key_values = None
         for _ in range(max_new_tokens):
             past_len = past_key_values[0][0].shape[1] if past_key_values else 0
-            outputs = self.forward(input_ids[:, past_len:], past_key_values=past_key_values, use_cache=use_cache)
+            outputs = self.forward(input_ids[:, past_len:], attention_mask, past_key_values, use_cache=use_cache)
+            if attention_mask is not None:
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1)
             logits = sampling.apply_temperature(outputs.logits[:, -1, :], temperature, do_sample)
             logits = sampling.apply_repetition_penalty(logits, input_ids, repetition_penalty)
             logits = sampling.top_k_filter(logits, top_k)
@@ -238,6 +257,17 @@ class MiniMindForCausalLM(nn.Module):
                 if finished.all():
                     break
         return input_ids
+
+
+def left_pad(rows: list[list[int]], pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one batch for `generate`: (ids, attention_mask), each (B, longest),
+    every row padded on the left with `pad_id` (MiniMind's tokenizer pads with id 0), the mask 0 there."""
+    if not rows or not all(rows):
+        raise ValueError("left_pad needs at least one prompt, and no empty one")
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_id] * (width - len(row)) + list(row) for row in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=device)
+    return ids, mask
 
 
 def count_parameters(model: nn.Module) -> int:

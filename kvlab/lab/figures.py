@@ -25,6 +25,7 @@ from matplotlib import font_manager  # noqa: E402
 
 from kvlab.io import atomic_path  # noqa: E402
 from kvlab.lab.compare import average_step_s, fixed_share  # noqa: E402
+from kvlab.lab.formulas import VLLM_PAPER  # noqa: E402
 
 LANGUAGES = ("ko", "en")
 WITH_CACHE_COLOR = "tab:blue"
@@ -84,6 +85,25 @@ TEXT = {
         "step_share": "share of an average step's time (%)",
         "average_step_title": "An average step with and without the cache (ms on top)",
         "compare_title": "The same lab on several model sizes: speedup, and the fixed share of a step",
+        "batch_size_log": "batch size B (rows, log scale)",
+        "decode_throughput": "decode throughput S_TG (tokens/s)",
+        "throughput_title": "Tokens per second (bars: interval over the runs)",
+        "mode_shared": "shared: one prompt ({pp} tokens) in every row",
+        "mode_distinct": "distinct: B validation prompts, left-padded",
+        "step_ms": "one decode step (ms, median)",
+        "step_ms_title": "A decode step serves B rows",
+        "batch_title": "Many requests at once (TG = {tg} decode steps, as llama-batched-bench)",
+        "reserved_share": "share of the reserved cache (%)",
+        "token_states": "token states",
+        "reservation": "reservation (tokens still to come)",
+        "internal_fragmentation": "internal fragmentation (never used)",
+        "paper_existing": "vLLM paper (theirs): token states in existing systems {low:.1f}–{high:.1f}%",
+        "paper_vllm": "vLLM paper (theirs): token states with vLLM {share:.1f}%",
+        "fits_label": "{fits:,}\nfit in {budget} GiB",
+        "paper_existing_tick": "paper:\nexisting systems",
+        "paper_vllm_tick": "paper:\nvLLM",
+        "ideal_scaling": "if a step cost the same at every B",
+        "kv_waste_title": "What the reserved cache holds ({requests} real requests), by how it is reserved",
     },
     "ko": {
         "with_cache": "캐시 사용",
@@ -135,6 +155,25 @@ TEXT = {
         "step_share": "평균 한 단계 시간의 비율 (%)",
         "average_step_title": "캐시를 쓸 때와 안 쓸 때 평균 한 단계 (위 숫자는 ms)",
         "compare_title": "여러 크기의 모델에서 같은 실습: 속도 향상과 한 단계의 고정 비용 몫",
+        "batch_size_log": "배치 크기 B (행 수, 로그 눈금)",
+        "decode_throughput": "디코딩 처리량 S_TG (토큰/초)",
+        "throughput_title": "초당 토큰 (막대: 실행들의 구간)",
+        "mode_shared": "shared: 모든 행에 프롬프트 하나 ({pp}토큰)",
+        "mode_distinct": "distinct: 검증 프롬프트 B개, 왼쪽 패딩",
+        "step_ms": "디코딩 한 스텝 (ms, 중앙값)",
+        "step_ms_title": "한 스텝이 B행을 처리합니다",
+        "batch_title": "여러 요청을 한꺼번에 (디코딩 TG = {tg}스텝, llama-batched-bench처럼)",
+        "reserved_share": "잡아 둔 캐시에서의 몫 (%)",
+        "token_states": "토큰 상태",
+        "reservation": "앞으로 올 토큰 몫 (reservation)",
+        "internal_fragmentation": "끝내 쓰지 않는 몫 (internal fragmentation)",
+        "paper_existing": "vLLM 논문(그들의 값): 기존 시스템의 토큰 상태 {low:.1f}–{high:.1f}%",
+        "paper_vllm": "vLLM 논문(그들의 값): vLLM의 토큰 상태 {share:.1f}%",
+        "fits_label": "{budget} GiB에\n{fits:,}개",
+        "paper_existing_tick": "논문:\n기존 시스템",
+        "paper_vllm_tick": "논문:\nvLLM",
+        "ideal_scaling": "스텝 시간이 B와 상관없다면",
+        "kv_waste_title": "잡는 법마다 잡아 둔 캐시가 담는 것 (실제 요청 {requests}개)",
     },
 }
 
@@ -378,4 +417,80 @@ def compare_curve(rows: list[dict], path, language: str = "en") -> None:
         split_ax.grid(True, axis="y", alpha=0.3)
         split_ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
         fig.suptitle(text("compare_title"))
+        _save(fig, path)
+
+
+def batch_curve(rows: list[dict], path, language: str = "en") -> None:
+    """Left: decode throughput against B, both modes, with each point's interval. Right: a decode
+    step's median time against B: flat while the step's fixed cost dominates, rising once rows do."""
+    styles = {"shared": ("tab:blue", "o"), "distinct": ("tab:orange", "s")}
+    with _drawing(language) as text:
+        fig, (speed_ax, step_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+        top = max(row["S_TG_high"] for row in rows)
+        for mode, (color, marker) in styles.items():
+            mode_rows = [row for row in rows if row["mode"] == mode]
+            if not mode_rows:
+                continue
+            sizes = np.array([row["B"] for row in mode_rows])
+            speed = np.array([row["S_TG t/s"] for row in mode_rows])
+            label = text(f"mode_{mode}", pp=mode_rows[0]["PP"])
+            speed_ax.errorbar(sizes, speed, yerr=[speed - [row["S_TG_low"] for row in mode_rows],
+                                                  [row["S_TG_high"] for row in mode_rows] - speed],
+                              fmt=f"{marker}-", color=color, capsize=3, label=label)
+            step_ax.plot(sizes, [row["ms_per_step"] for row in mode_rows], f"{marker}-", color=color, label=label)
+            if mode == "shared":
+                # the ceiling: every row for the price of the smallest B's step
+                speed_ax.plot(sizes, speed[0] * sizes / sizes[0], ":", color="grey", label=text("ideal_scaling"))
+        sizes = sorted({row["B"] for row in rows})
+        for ax in (speed_ax, step_ax):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [str(size) for size in sizes])
+            ax.set_xlabel(text("batch_size_log"))
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8, loc="upper left")
+        speed_ax.set_ylim(0, top * 1.15)  # the ideal line may run far above the measured points
+        speed_ax.set_ylabel(text("decode_throughput"))
+        speed_ax.set_title(text("throughput_title"))
+        step_ax.set_ylabel(text("step_ms"))
+        step_ax.set_title(text("step_ms_title"))
+        fig.suptitle(text("batch_title", tg=rows[0]["TG"]))
+        _save(fig, path)
+
+
+def kv_waste_bars(rows: list[dict], path, language: str = "en") -> None:
+    """One stacked bar per reservation policy: the shares of its reserved bytes that hold token states,
+    are held for tokens still to come, and are never used; how many requests fit on top; the vLLM
+    paper's token-state shares drawn beside, labelled as theirs."""
+    parts = (("token_share", "token_states", "tab:green"), ("reservation_share", "reservation", "tab:olive"),
+             ("internal_fragmentation_share", "internal_fragmentation", "tab:red"))
+    budgets = [key.removeprefix("fits_").removesuffix("gib") for key in rows[0] if key.startswith("fits_")]
+    with _drawing(language) as text:
+        fig, ax = plt.subplots(figsize=(12, 5))
+        positions = np.arange(len(rows))
+        bottom = np.zeros(len(rows))
+        for key, label, color in parts:
+            shares = np.array([row[key] for row in rows]) * 100
+            ax.bar(positions, shares, 0.6, bottom=bottom, color=color, label=text(label))
+            bottom += shares
+        for x, row in zip(positions, rows):
+            ax.annotate(text("fits_label", fits=row[f"fits_{budgets[0]}gib"], budget=budgets[0]), (x, 100),
+                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+        # the paper's token-state shares, apart on the right, hatched: theirs, not measured here
+        low, high = VLLM_PAPER["existing_token_share"]
+        theirs = len(rows) + 0.5 + np.arange(2)
+        ax.bar(theirs[0], high * 100, 0.6, color="none", edgecolor="tab:green", hatch="//",
+               label=text("paper_existing", low=low * 100, high=high * 100))
+        ax.errorbar(theirs[0], (low + high) / 2 * 100, yerr=(high - low) / 2 * 100, fmt="none", color="black",
+                    capsize=5)
+        ax.bar(theirs[1], VLLM_PAPER["vllm_token_share"] * 100, 0.6, color="none", edgecolor="tab:green",
+               hatch="xx", label=text("paper_vllm", share=VLLM_PAPER["vllm_token_share"] * 100))
+        ax.set_xticks([*positions, *theirs], [row["policy"] for row in rows] + [text("paper_existing_tick"),
+                                                                               text("paper_vllm_tick")],
+                      fontsize=8)
+        ax.set_ylim(0, 118)
+        ax.set_yticks([0, 25, 50, 75, 100])
+        ax.set_ylabel(text("reserved_share"))
+        ax.set_title(text("kv_waste_title", requests=rows[0]["requests"]))
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         _save(fig, path)

@@ -12,3 +12,15 @@ def fed_formulas(prompt_len: int, new_tokens: int) -> dict:
     (prefill, then one a step), P*N + N(N-1)/2 without (everything so far, every step)."""
     p, n = prompt_len, new_tokens
     return {"with_cache": p + n - 1, "without_cache": p * n + n * (n - 1) // 2}
+
+
+# The vLLM paper's own numbers (Kwon et al., "Efficient Memory Management for Large Language Model
+# Serving with PagedAttention", SOSP 2023): the share of KV-cache memory that holds token states in the
+# systems it compares (Figure 2), with vLLM's paging in blocks of 16 tokens, and its throughput gain.
+# Shown beside the lab's own shares, labelled as theirs; never used as a result.
+VLLM_PAPER = {
+    "existing_token_share": (0.204, 0.382),
+    "vllm_token_share": 0.963,
+    "block_tokens": 16,
+    "throughput_gain": (2, 4),
+}

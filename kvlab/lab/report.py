@@ -7,6 +7,7 @@ those numbers; the template holds prose only.
 from __future__ import annotations
 
 import base64
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
 from kvlab.io import read_csv_rows, read_json
-from kvlab.lab.formulas import fed_formulas
+from kvlab.lab.formulas import VLLM_PAPER, fed_formulas
 from kvlab.lab.timing import UNSTABLE_IQR_SHARE, overlap
 
 # How consistently a sequence must move for the report to call it a trend (Kendall's tau).
@@ -211,6 +212,10 @@ def extras_context(results: dict, timing: dict) -> dict:
         rows = results["temp_curve"]
         context["temp_curve"] = {"rows": rows, "first": rows[0], "last": rows[-1],
                                  "max_distinct": max(rows, key=lambda row: row["distinct"])}
+    if "batch" in results:
+        context["batch"] = batch_context(results["batch"])
+    if "kv_waste" in results:
+        context["kv_waste"] = kv_waste_context(results["kv_waste"], results["kv_waste_requests"])
     if "fidelity" in results:
         fidelity = results["fidelity"]
         context["fidelity"] = {"identical": fidelity["identical"], "checks": fidelity["checks"],
@@ -244,6 +249,68 @@ def compare_context(rows: list[dict]) -> dict:
     }
 
 
+def batch_context(rows: list[dict]) -> dict:
+    """batch.tsv by mode, with what the prose may say: whether the largest B makes tokens faster than
+    the smallest (its gain's interval above 1), up to which B the throughput grows clearly (each B's
+    interval above the one before), and how a decode step's time grew before and after that B."""
+    modes = {}
+    for mode in ("shared", "distinct"):
+        mode_rows = [row for row in rows if row["mode"] == mode]
+        if not mode_rows:
+            continue
+        first, last = mode_rows[0], mode_rows[-1]
+        grows_to = first
+        for before, after in zip(mode_rows, mode_rows[1:]):
+            if after["S_TG_low"] <= before["S_TG_high"]:
+                break
+            grows_to = after
+        modes[mode] = {
+            "rows": mode_rows, "first": first, "last": last, "grows_to": grows_to,
+            "gain": against((last["S_TG_gain_low"], last["S_TG_gain_high"]), 1.0),
+            "still_growing": grows_to is last,
+            # a decode step's time against the rows it serves, up to grows_to and after it
+            "step_before": grows_to["ms_per_step"] / first["ms_per_step"], "rows_before": grows_to["B"] / first["B"],
+            "step_after": last["ms_per_step"] / grows_to["ms_per_step"], "rows_after": last["B"] / grows_to["B"],
+            "pad_share": last["pad"] / (last["B"] * last["PP"]),
+        }
+    for mode in modes.values():
+        # the per-row work sets the step's time once the step grows at least half as fast as the rows
+        mode["row_bound"] = not mode["still_growing"] and mode["step_after"] >= 1 + (mode["rows_after"] - 1) / 2
+    return {
+        "rows": rows, "modes": modes,
+        "all_same": all(row["same_as_single"] for row in rows),
+        "differing": [f"{row['mode']} B = {row['B']}" for row in rows if not row["same_as_single"]],
+        "bytes_match": all(row["kv_bytes_measured"] == row["kv_bytes_formula"] for row in rows),
+    }
+
+
+def kv_waste_context(rows: list[dict], detail: dict) -> dict:
+    """kv_waste.csv by policy, the requests it was measured on, each policy's requests per budget, and
+    the vLLM paper's shares (theirs). Every request's split must add up to what it reserves."""
+    requests = detail["requests"]
+    by_policy = {row["policy"]: row for row in rows}
+    budgets = [f"{budget:g}" for budget in detail["budgets_gib"]]
+    for row in rows:
+        row["fits"] = [row[f"fits_{budget}gib"] for budget in budgets]
+    adds_up = all(
+        math.isclose(split["reserved"], split["token"] + split["reservation"] + split["internal_fragmentation"],
+                     rel_tol=1e-9)
+        for request in requests for split in request["slots"].values())
+    prompts = [request["prompt_len"] for request in requests]
+    answers = [request["answer_len"] for request in requests]
+    finals = sorted(request["final_len"] for request in requests)
+    return {
+        "rows": rows, "by_policy": by_policy, "budgets": budgets, "adds_up": adds_up,
+        "requests": len(requests), "prompt_range": (min(prompts), max(prompts)),
+        "answer_range": (min(answers), max(answers)), "median_final": finals[len(finals) // 2],
+        "at_eos": sum(request["eos"] for request in requests),
+        "bytes_per_token": detail["bytes_per_token"], "max_length": detail["max_length"],
+        "block_tokens": detail["block_tokens"], "answer_cap": detail["answer_cap"],
+        "fits_gain": by_policy["blocks"]["fits"][0] / by_policy["max_length"]["fits"][0],
+        "paper": VLLM_PAPER,
+    }
+
+
 def unstable_timings(context: dict) -> list[dict]:
     """Every timing the rule calls unstable (IQR at least 10% of its median), as {what, share}: step 3's
     modes, the sweep's N, the per-step timing's modes, the compared models."""
@@ -261,6 +328,9 @@ def unstable_timings(context: dict) -> list[dict]:
         if row["unstable"]:
             found.append({"what": "compare", "name": row["name"],
                           "share": max(row["with_cache_iqr_share"], row["without_cache_iqr_share"])})
+    for row in context.get("batch", {}).get("rows", []):
+        if row["unstable"]:
+            found.append({"what": "batch", "mode": row["mode"], "n": row["B"], "share": row["iqr_share"]})
     return found
 
 
@@ -317,12 +387,12 @@ def load_results(paths: dict[str, str]) -> tuple[dict, dict]:
         path = Path(path)
         if path.suffix == ".json":
             results[name] = read_json(path)
-        elif path.suffix == ".csv":
+        elif path.suffix in (".csv", ".tsv"):
             results[name] = read_csv_rows(path)
         elif path.suffix == ".png":
             figures[name] = f"{path.parent.name}/{path.name}"
         else:
-            raise ValueError(f"{path}: the report reads .json, .csv and .png files only")
+            raise ValueError(f"{path}: the report reads .json, .csv, .tsv and .png files only")
     return results, figures
 
 
