@@ -25,7 +25,7 @@ from matplotlib import font_manager  # noqa: E402
 
 from kvlab.io import atomic_path  # noqa: E402
 from kvlab.lab.compare import average_step_s, fixed_share  # noqa: E402
-from kvlab.lab.formulas import VLLM_PAPER  # noqa: E402
+from kvlab.lab.formulas import VLLM_PAPER, fits_budgets  # noqa: E402
 
 LANGUAGES = ("ko", "en")
 WITH_CACHE_COLOR = "tab:blue"
@@ -464,7 +464,7 @@ def kv_waste_bars(rows: list[dict], path, language: str = "en") -> None:
     paper's token-state shares drawn beside, labelled as theirs."""
     parts = (("token_share", "token_states", "tab:green"), ("reservation_share", "reservation", "tab:olive"),
              ("internal_fragmentation_share", "internal_fragmentation", "tab:red"))
-    budgets = [key.removeprefix("fits_").removesuffix("gib") for key in rows[0] if key.startswith("fits_")]
+    budget, column = next(iter(fits_budgets(rows[0]).items()))
     with _drawing(language) as text:
         fig, ax = plt.subplots(figsize=(12, 5))
         positions = np.arange(len(rows))
@@ -474,7 +474,7 @@ def kv_waste_bars(rows: list[dict], path, language: str = "en") -> None:
             ax.bar(positions, shares, 0.6, bottom=bottom, color=color, label=text(label))
             bottom += shares
         for x, row in zip(positions, rows):
-            ax.annotate(text("fits_label", fits=row[f"fits_{budgets[0]}gib"], budget=budgets[0]), (x, 100),
+            ax.annotate(text("fits_label", fits=row[column], budget=budget), (x, 100),
                         textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
         # the paper's token-state shares, apart on the right, hatched: theirs, not measured here
         low, high = VLLM_PAPER["existing_token_share"]

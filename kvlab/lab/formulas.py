@@ -24,3 +24,13 @@ VLLM_PAPER = {
     "block_tokens": 16,
     "throughput_gain": (2, 4),
 }
+
+
+def fits_column(budget_gib: float) -> str:
+    """kv_waste.csv's column of the requests that fit in a budget: 24 -> "fits_24gib"."""
+    return f"fits_{budget_gib:g}gib"
+
+
+def fits_budgets(row: dict) -> dict[str, str]:
+    """A kv_waste.csv row's budgets, as written in its column names ("24"), each with its column."""
+    return {key.removeprefix("fits_").removesuffix("gib"): key for key in row if key.startswith("fits_")}

@@ -17,7 +17,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
 from kvlab.io import read_csv_rows, read_json
-from kvlab.lab.formulas import VLLM_PAPER, fed_formulas
+from kvlab.lab.formulas import VLLM_PAPER, fed_formulas, fits_budgets
 from kvlab.lab.timing import UNSTABLE_IQR_SHARE, overlap
 
 # How consistently a sequence must move for the report to call it a trend (Kendall's tau).
@@ -289,9 +289,9 @@ def kv_waste_context(rows: list[dict], detail: dict) -> dict:
     the vLLM paper's shares (theirs). Every request's split must add up to what it reserves."""
     requests = detail["requests"]
     by_policy = {row["policy"]: row for row in rows}
-    budgets = [f"{budget:g}" for budget in detail["budgets_gib"]]
+    budgets = fits_budgets(rows[0])
     for row in rows:
-        row["fits"] = [row[f"fits_{budget}gib"] for budget in budgets]
+        row["fits"] = [row[column] for column in budgets.values()]
     adds_up = all(
         math.isclose(split["reserved"], split["token"] + split["reservation"] + split["internal_fragmentation"],
                      rel_tol=1e-9)
@@ -300,7 +300,7 @@ def kv_waste_context(rows: list[dict], detail: dict) -> dict:
     answers = [request["answer_len"] for request in requests]
     finals = sorted(request["final_len"] for request in requests)
     return {
-        "rows": rows, "by_policy": by_policy, "budgets": budgets, "adds_up": adds_up,
+        "rows": rows, "by_policy": by_policy, "budgets": list(budgets), "adds_up": adds_up,
         "requests": len(requests), "prompt_range": (min(prompts), max(prompts)),
         "answer_range": (min(answers), max(answers)), "median_final": finals[len(finals) // 2],
         "at_eos": sum(request["eos"] for request in requests),

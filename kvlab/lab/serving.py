@@ -24,6 +24,7 @@ from kvlab.engine.device import dtype_name, timing_context
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes, left_pad
 from kvlab.engine.tokenizer import Tokenizer
 from kvlab.lab import steps, timing
+from kvlab.lab.formulas import fits_column
 
 log = logging.getLogger("kvlab")
 
@@ -78,23 +79,16 @@ def _greedy_run(model, ids: torch.Tensor, mask, rows: int, new_tokens: int) -> d
     """One greedy generation of new_tokens + 1 tokens for `rows` rows (the prefill picks the first, then
     `new_tokens` decode steps each feed one token a row): each forward call's seconds, the new ids and
     the bytes of the cache the last call returned (PP + TG cells a row)."""
-    weighed = {}
-
-    def observe(input_ids, output):
-        weighed["bytes"] = kv_cache_bytes(output.past_key_values)
-
-    with steps.recording_forward(model, observe) as calls:
+    with steps.recording_forward(model) as calls:
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens + 1, num_return_sequences=rows,
                              use_cache=True, **steps.GREEDY)
     return {"prefill_s": calls.seconds[0], "decode_s": sum(calls.seconds[1:]), "new_ids": out[:, ids.shape[1]:],
-            "cache_bytes": weighed["bytes"]}
+            "cache_bytes": kv_cache_bytes(calls.last_output.past_key_values)}
 
 
-def _alone(model, prompt: list[int], new_tokens: int, device) -> torch.Tensor:
-    """The greedy tokens `prompt` gives generated alone, unpadded."""
-    out = model.generate(torch.tensor([prompt], device=device), max_new_tokens=new_tokens + 1, use_cache=True,
-                         **steps.GREEDY)
-    return out[0, len(prompt):]
+def _alone(model, prompt: list[int], new_tokens: int, device) -> list[int]:
+    """The greedy tokens `prompt` gives generated alone, unpadded (the lab's steps 1-3 generation)."""
+    return steps.greedy_new_ids(model, torch.tensor([prompt], device=device), new_tokens + 1, use_cache=True)
 
 
 def batch_bench(model: MiniMindForCausalLM, shared_prompt: list[int], distinct_prompts: list[list[int]],
@@ -129,7 +123,8 @@ def batch_bench(model: MiniMindForCausalLM, shared_prompt: list[int], distinct_p
             for _ in range(warmup):
                 run(record=False)
             timing.repeat(run, repeats, max_seconds)
-            differing = [row for row in range(size) if not torch.equal(samples["new_ids"][row], alone[mode][row])]
+            new_ids = samples["new_ids"].tolist()
+            differing = [row for row in range(size) if new_ids[row] != alone[mode][row]]
             row, detail = _bench_row(mode, size, ids.shape[1], new_tokens, mask, samples, per_token, differing)
             first = first or detail["per_token"]
             gain = timing.ratio_interval(first, detail["per_token"])
@@ -236,20 +231,15 @@ def sample_requests(model: MiniMindForCausalLM, prompts: list[list[int]], answer
     real cache of that generation (its bytes over rows x cached positions)."""
     ids, mask = left_pad(prompts, device=device)
     model.check_room(ids.shape[1], answer_cap)
-    weighed = {}
-
-    def observe(input_ids, output):
-        first = output.past_key_values[0][0]
-        weighed["per_token"] = kv_cache_bytes(output.past_key_values) / (first.shape[0] * first.shape[1])
-
     torch.manual_seed(seed)
-    with steps.recording_forward(model, observe):
+    with steps.recording_forward(model) as calls:
         out = model.generate(ids, attention_mask=mask, max_new_tokens=answer_cap, temperature=temperature,
                              top_p=top_p, eos_token_id=eos_id, use_cache=True)
     answers = []
     for row in out[:, ids.shape[1]:].tolist():
         answers.append({"answer_len": row.index(eos_id) + 1 if eos_id in row else len(row), "eos": eos_id in row})
-    return answers, weighed["per_token"]
+    cache = calls.last_output.past_key_values
+    return answers, kv_cache_bytes(cache) / (cache[0][0].shape[0] * cache[0][0].shape[1])
 
 
 def kv_waste(model: MiniMindForCausalLM, prompts: list[list[int]], prompt_cap: int, answer_cap: int,
@@ -274,7 +264,7 @@ def kv_waste(model: MiniMindForCausalLM, prompts: list[list[int]], prompt_cap: i
         row.update({f"{key}_share": sums[key] / sums["reserved"] for key in SPLIT})
         row["peak_reserved_bytes"] = peak
         for budget in budgets_gib:
-            row[f"fits_{budget:g}gib"] = math.floor(budget * GIB / (peak / len(requests)))
+            row[fits_column(budget)] = math.floor(budget * GIB / (peak / len(requests)))
         rows.append(row)
         log.info("%s: tokens %.1f%%, reservation %.1f%%, internal fragmentation %.1f%% of %.0f bytes", policy,
                  row["token_share"] * 100, row["reservation_share"] * 100,

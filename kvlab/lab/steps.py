@@ -23,10 +23,12 @@ GREEDY = dict(do_sample=False, top_k=0, top_p=1.0, eos_token_id=None)
 
 @dataclass
 class ForwardCalls:
-    """What a wrapped `model.forward` saw, one entry per call: the tokens fed and the seconds it took."""
+    """What a wrapped `model.forward` saw, one entry per call: the tokens fed and the seconds it took;
+    and the latest call's output (its cache is the one the generation ended with)."""
 
     fed_lengths: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    last_output: object = None
 
 
 @contextmanager
@@ -44,6 +46,7 @@ def recording_forward(model: MiniMindForCausalLM, observe=None):
         output = original(input_ids, *args, **kwargs)
         _sync(input_ids.device)
         calls.seconds.append(time.perf_counter() - start)
+        calls.last_output = output
         if observe is not None:
             observe(input_ids, output)
         return output
