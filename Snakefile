@@ -18,6 +18,7 @@ include: "rules/serving.smk"
 include: "rules/compare.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
+include: "rules/grade.smk"
 
 
 # Only with the user's own model_minimind.py: importing it runs its code, in that one job.

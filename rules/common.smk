@@ -3,6 +3,7 @@
 # `snakemake -n`, --dag, --rulegraph, --lint and --report only look at paths.
 import os
 import re
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -11,7 +12,7 @@ from snakemake.utils import validate
 from kvlab import resources
 from kvlab.cluster import print_failure_hints
 from kvlab.config import config_error, load_schema, typed_by_schema
-from kvlab.lab import sheet
+from kvlab.lab import grading, sheet
 from kvlab.lab.compare import LAB_NAME, CompareError, check_architecture, check_entries
 from kvlab.lab.compare import parameter_estimate
 from kvlab.lab.minimind_src import MiniMindSourceError, check_source_path
@@ -315,3 +316,65 @@ def compare_job():
         ),
         timed=True,
     )
+
+
+# --- grading a class (rules/grade.smk): the class sheet's students, read now ----------------------
+
+GRADE = config["grade"]
+ANSWER_KEY = {name: LAB_RESULTS[name] for name in ("temp", "topp", "kvbytes")}
+CLASS = "results/class"
+
+
+def _class_sheet():
+    """The students of the class sheet, validated the Snakemake catalog's way; {} without a sheet."""
+    if not GRADE["class_sheet"]:
+        return {}
+    import pandas as pd
+
+    try:
+        students = grading.read_class_sheet(GRADE["class_sheet"])
+        schema = workflow.source_path("../schemas/class_sheet.schema.yaml")
+        try:
+            validate(pd.DataFrame(students), schema=schema)
+        except WorkflowError:
+            stop(
+                grading.sheet_error(students, load_schema(schema), GRADE["class_sheet"])
+            )
+    except grading.ClassSheetError as err:
+        stop(str(err))
+    return {student["student_id"]: student for student in students}
+
+
+STUDENTS = _class_sheet()
+NO_SHEET = (
+    "config key 'grade.class_sheet' is not set: give the class sheet, a TSV of student_id and "
+    "results (e.g. --config grade='{class_sheet: examples/class/students.tsv}'); see docs/teaching.md"
+)
+# Snakemake parses this file before it is told the targets: asked for on the command line, `grade`
+# without a sheet stops here in one line; asked for otherwise, the rule's input function says it.
+if not STUDENTS and "grade" in sys.argv[1:]:
+    stop(NO_SHEET)
+
+
+def class_outputs(wildcards):
+    if not STUDENTS:
+        raise WorkflowError(NO_SHEET)
+    return [
+        *rules.grade_class.output,
+        *rules.class_page.output,
+        *[figure["path"] for figure in CLASS_FIGURES.values()],
+    ]
+
+
+def student_inputs(wildcards):
+    """The answer key, and the sheet's files the student's folder holds now: a resubmitted or added
+    file reruns this student's job only; a missing one is the job's verdict, not Snakemake's error.
+    """
+    folder = STUDENTS[wildcards.student_id]["results"]
+    return {**ANSWER_KEY, "submitted": grading.submitted_files(folder)}
+
+
+CLASS_FIGURES = {
+    "figure_class_scores": {"data": "grades", "path": f"{CLASS}/scores.png"},
+    "figure_class_tests": {"data": "tests", "path": f"{CLASS}/tests.png"},
+}

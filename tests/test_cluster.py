@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvlab.cluster import INSTALL_PLUGIN, NO_SBATCH, plugin_installed
 
@@ -23,7 +24,7 @@ from helpers import ROOT, course_config
 TEST_FLAGS = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
               "--slurm-keep-successful-logs"]
 TARGETS = ["results/prompt.json", "results/kvbytes.json", "results/topp.json", "results/time.json",
-           "results/compare/lab/cost.json"]
+           "results/compare/lab/cost.json", "results/class/grades.csv"]
 # Files that hold wall-clock times (README: Determinism): compared without their times.
 TIMED = {"time.json", "time_runs.json", "compare/lab/cost.json"}
 RUN_TIMEOUT_S = 240
@@ -97,7 +98,12 @@ def results(folder: Path) -> dict[str, bytes]:
 
 @needs_slurm
 def test_targets_run_through_sbatch_and_match_a_local_run(tmp_path, course):
-    config = course_config(course)
+    # grading too: two students of the example class (one handed in, one did not), against this lab's key
+    sheet = tmp_path / "class.tsv"
+    sheet.write_text(f"student_id\tresults\ns01\t{ROOT / 'examples/class/s01'}\ns08\t{tmp_path / 'none'}\n",
+                     encoding="utf-8")
+    config = {**course_config(course), "grade": {**yaml.safe_load((ROOT / "config.yaml").read_text(
+        encoding="utf-8"))["grade"], "class_sheet": str(sheet)}}
     local = workflow_copy(tmp_path / "local")
     done = run([sys.executable, "-m", "snakemake", "--cores", "2", *TARGETS, "--configfile", write_config(local, config)],
                local)
@@ -110,7 +116,9 @@ def test_targets_run_through_sbatch_and_match_a_local_run(tmp_path, course):
 
     # Every job went through sbatch, ran as the rule its comment names, and completed.
     jobs = submitted_jobs(output)
-    assert set(jobs) == {"inspect_checkpoint", "prompt", "kvbytes", "topp", "timing", "compare_cost"}, output[-4000:]
+    assert set(jobs) == {"inspect_checkpoint", "prompt", "kvbytes", "topp", "timing", "compare_cost", "temp",
+                         "grade_student", "grade_class"}, output[-4000:]
+    assert len(jobs["grade_student"]) == 2
     states = squeue([job for ids in jobs.values() for job in ids])
     for rule, ids in jobs.items():
         for job in ids:
@@ -123,7 +131,8 @@ def test_targets_run_through_sbatch_and_match_a_local_run(tmp_path, course):
     # The same files, byte for byte, as the local run (timings aside).
     local_files, cluster_files = results(local), results(cluster)
     assert set(local_files) == set(cluster_files)
-    assert {"prompt.json", "kvbytes.json", "topp.json", "topp_sharp.json", "time.json"} <= set(cluster_files)
+    assert {"prompt.json", "kvbytes.json", "topp.json", "topp_sharp.json", "time.json", "class/grades.csv",
+            "class/s01/results.json", "class/s08/results.json"} <= set(cluster_files)
     for name, content in local_files.items():
         if name not in TIMED:
             assert cluster_files[name] == content, name

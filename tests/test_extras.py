@@ -357,9 +357,9 @@ def test_progress_lines_in_the_sweep_log(built):
 def test_check_passes_on_the_build(built):
     result = load(built, "check.json")
     assert result["ok"], check.verdict_table(result)
-    assert list(result["rules"]) == ["fed_with_cache", "fed_without_cache", "same_ids", "kv_bytes", "cache_faster",
-                                     "report_headings", "report_speedup", "report_measured_bytes", "temp_keys",
-                                     "topp_keys"]
+    assert list(result["rules"]) == ["files", "same_ids", "fed_with_cache", "fed_without_cache", "cache_faster",
+                                     "kv_bytes", "temp", "topp", "report_headings", "report_speedup",
+                                     "report_measured_bytes"]
 
 
 def alter(folder, name, change):
@@ -369,29 +369,32 @@ def alter(folder, name, change):
     (folder / name).write_text(json.dumps(data), encoding="utf-8")
 
 
-@pytest.mark.parametrize("name, change, rule", [
+@pytest.mark.parametrize("name, change, rules", [
     (None, None, None),
-    ("count.json", lambda d: d.update(fed_without_cache=d["fed_without_cache"] + 1), "fed_without_cache"),
-    ("kvbytes.json", lambda d: d.update(formula_bytes=d["formula_bytes"] + 4), "kv_bytes"),
-], ids=["untouched", "fed_tokens", "formula_bytes"])
-def test_check_on_a_copied_folder(built, course, tmp_path, name, change, rule):
+    ("count.json", lambda d: d.update(fed_without_cache=d["fed_without_cache"] + 1), ["fed_without_cache"]),
+    ("kvbytes.json", lambda d: d.update(formula_bytes=d["formula_bytes"] + 4), ["kv_bytes"]),
+    ("temp.json", None, ["files", "temp"]),  # not handed in: a verdict, not Snakemake's missing input
+], ids=["untouched", "fed_tokens", "formula_bytes", "missing_file"])
+def test_check_on_a_copied_folder(built, course, tmp_path, name, change, rules):
     """As an instructor runs it: `snakemake check` with extras.check.results_dir pointing at a folder."""
     student = tmp_path / "student"
     shutil.copytree(built, student, ignore=shutil.ignore_patterns("logs", "benchmarks", "figures", "check.json"))
-    if name:
+    if name and change:
         alter(student, name, change)
+    elif name:
+        (student / name).unlink()
     config = extras_config(course, check={"results_dir": str(student)})
     (tmp_path / "grader").mkdir()
     run = snakemake(tmp_path / "grader", "check", config=config, check=False)
     verdicts = json.loads((tmp_path / "grader" / "results" / "logs" / "check.json").read_text(encoding="utf-8"))
     assert verdicts["results_dir"] == str(student)
-    if rule is None:
+    if rules is None:
         assert run.returncode == 0 and verdicts["ok"], run.stdout + run.stderr
         assert (tmp_path / "grader" / "results" / "check.json").is_file()
     else:
         assert run.returncode != 0
-        assert f"FAILED: {rule}" in run.stdout and f"check failed: {rule} (" in run.stderr
-        assert [r for r, v in verdicts["rules"].items() if not v["ok"]] == [rule]
+        assert f"FAILED: {', '.join(rules)}" in run.stdout and f"check failed: {rules[0]} (" in run.stderr
+        assert [r for r, v in verdicts["rules"].items() if not v["ok"]] == rules
 
 
 # --- the package functions, without Snakemake --------------------------------------------------
@@ -451,10 +454,10 @@ def test_capacity_arithmetic():
 
 def test_check_reports_missing_files_and_keys(tmp_path):
     (tmp_path / "count.json").write_text(json.dumps({"prompt_len": 5}), encoding="utf-8")
-    result = check.check_results(tmp_path, [0.3, 1.0, 1.5], 30, [0.5, 0.9, 0.99])
+    result = check.check_results(tmp_path, check.Settings((0.3, 1.0, 1.5), 30, (0.5, 0.9, 0.99)))
     assert not result["ok"]
-    assert result["rules"]["fed_with_cache"]["detail"] == "missing key 'new_tokens'"
-    assert result["rules"]["same_ids"]["detail"].startswith("file not found")
+    assert result["rules"]["fed_with_cache"]["detail"] == "count.json has no key 'new_tokens'"
+    assert result["rules"]["same_ids"]["detail"] == "same.json is missing"
     assert "FAILED: fed_with_cache" in check.verdict_table(result)
 
 

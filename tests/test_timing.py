@@ -164,7 +164,7 @@ def test_no_sentence_contradicts_the_intervals(contended):
 
 def test_the_check_passes_or_fails_the_same_way_with_a_warning_on_top(contended):
     results, _ = contended
-    verdicts = check.check_results(results, [0.3, 1.5], 6, [0.5, 0.9, 0.99])
+    verdicts = check.check_results(results, check.Settings((0.3, 1.5), 6, (0.5, 0.9, 0.99)))
     table = check.verdict_table(verdicts)
     assert table.splitlines()[1].startswith("WARNING: step 3's timing is unstable")
 

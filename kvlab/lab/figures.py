@@ -104,6 +104,11 @@ TEXT = {
         "paper_vllm_tick": "paper:\nvLLM",
         "ideal_scaling": "if a step cost the same at every B",
         "kv_waste_title": "What the reserved cache holds ({requests} real requests), by how it is reserved",
+        "score": "score (points)",
+        "students": "students",
+        "scores_title": "Scores of the class ({students} students, maximum {max_score})",
+        "pass_rate": "students who handed in a folder and passed (%)",
+        "tests_title": "Pass rate of each test ({graded} folders): which step the class found hard",
     },
     "ko": {
         "with_cache": "캐시 사용",
@@ -174,6 +179,11 @@ TEXT = {
         "paper_vllm_tick": "논문:\nvLLM",
         "ideal_scaling": "스텝 시간이 B와 상관없다면",
         "kv_waste_title": "잡는 법마다 잡아 둔 캐시가 담는 것 (실제 요청 {requests}개)",
+        "score": "점수",
+        "students": "학생 수",
+        "scores_title": "반의 점수 분포 (학생 {students}명, 만점 {max_score}점)",
+        "pass_rate": "제출한 학생 중 통과한 비율 (%)",
+        "tests_title": "테스트별 통과율 (제출 {graded}건): 반이 어려워한 단계",
     },
 }
 
@@ -493,4 +503,38 @@ def kv_waste_bars(rows: list[dict], path, language: str = "en") -> None:
         ax.set_ylabel(text("reserved_share"))
         ax.set_title(text("kv_waste_title", requests=rows[0]["requests"]))
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        _save(fig, path)
+
+
+def class_scores(rows: list[dict], path, language: str = "en") -> None:
+    """A histogram of the class's scores, one bar per possible score (grades.csv)."""
+    max_score = int(rows[0]["max_score"])
+    counts = np.bincount([int(row["score"]) for row in rows], minlength=max_score + 1)
+    with _drawing(language) as text:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.bar(np.arange(max_score + 1), counts, 0.8, color="tab:blue")
+        ax.set_xticks(np.arange(max_score + 1))
+        ax.set_xlim(-0.6, max_score + 0.6)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel(text("score"))
+        ax.set_ylabel(text("students"))
+        ax.set_title(text("scores_title", students=len(rows), max_score=max_score))
+        _save(fig, path)
+
+
+def class_tests(rows: list[dict], path, language: str = "en") -> None:
+    """One horizontal bar per test, in the sheet's order: the share of the folders handed in that
+    passed it (tests.csv)."""
+    rates = np.array([0.0 if row["graded"] == 0 else 100 * row["passed"] / row["graded"] for row in rows])
+    with _drawing(language) as text:
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+        positions = np.arange(len(rows))[::-1]
+        ax.barh(positions, rates, 0.6, color=["tab:red" if rate < 50 else "tab:green" for rate in rates])
+        for y, row, rate in zip(positions, rows, rates):
+            ax.annotate(f"{row['passed']}/{row['graded']}", (rate, y), textcoords="offset points", xytext=(3, 0),
+                        va="center", fontsize=8)
+        ax.set_yticks(positions, [f"{row['number']}. {row['test']}" for row in rows], fontsize=8)
+        ax.set_xlim(0, 110)
+        ax.set_xlabel(text("pass_rate"))
+        ax.set_title(text("tests_title", graded=rows[0]["graded"]))
         _save(fig, path)

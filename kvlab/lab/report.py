@@ -421,6 +421,26 @@ def report_page(template_path, report_path, figure_paths, language: str) -> str:
     return sandboxed_template(template_path, autoescape=True).render(body=body, title=title, lang=language)
 
 
+def class_page(template_path, graded: list[dict], figure_paths, language: str) -> str:
+    """The class page (results/class/class.html) from the students' results.json files: the summary,
+    each test's pass rate, the figures embedded, and each student's row with the tests not passed
+    and their output. Rendered with autoescape: names and outputs quote what students wrote."""
+    from kvlab.lab.grading import class_rows, pass_rate_rows
+
+    figures = {Path(path).stem: base64.b64encode(Path(path).read_bytes()).decode("ascii") for path in figure_paths}
+    grades = class_rows(graded)
+    scores = sorted(row["score"] for row in grades)
+    middle = len(scores) // 2
+    median = scores[middle] if len(scores) % 2 else (scores[middle - 1] + scores[middle]) / 2
+    summary = {"students": len(grades), "handed_in": sum(1 for r in graded if r["extra_data"]["submitted"]),
+               "max_score": grades[0]["max_score"], "median": median,
+               "full_marks": sum(1 for row in grades if row["score"] == row["max_score"])}
+    students = [{**row, "failed": [test for test in result["tests"] if test["status"] == "failed"]}
+                for row, result in zip(grades, graded)]
+    return sandboxed_template(template_path, autoescape=True).render(
+        lang=language, summary=summary, tests=pass_rate_rows(graded), students=students, figures=figures)
+
+
 def render_report(template_path, result_paths: dict[str, str], language: str) -> str:
     """Load the result files ({input name: path}) and render the template in a sandbox."""
     results, figures = load_results(result_paths)

@@ -1,0 +1,298 @@
+"""Grading a class (rules/grade.smk, kvlab.lab.grading, kvlab.lab.check): the example class grades to
+its expected scores, each broken folder costs only its student with a readable reason, the report's
+numbers are found only as what they are, and a resubmission reruns one job and the class outputs."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvlab.io import read_csv_rows
+from kvlab.lab import check, grading
+
+from helpers import ROOT, course_config, dry_run_jobs, snakemake
+
+EXAMPLE = ROOT / "examples" / "class"
+POINTS = {"files": 1, "same_ids": 1, "fed_with_cache": 2, "fed_without_cache": 2, "cache_faster": 1, "kv_bytes": 2,
+          "temp": 1, "topp": 1, "report_headings": 1, "report_speedup": 1, "report_measured_bytes": 1}
+EVIL_NAME = "<img src=x onerror=\"document.title='pwned'\">"
+CLASS_JOBS = {"grade_class": 1, "figure_class_scores": 1, "figure_class_tests": 1, "class_page": 1, "grade": 1}
+
+
+def expected_scores(folder) -> dict:
+    rows = (Path(folder) / "expected.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return {line.split("\t")[0]: (int(line.split("\t")[1]), line.split("\t")[2].split()) for line in rows}
+
+
+def settings_for(key_folder, **changes):
+    """The lab's default settings, with the key read from `key_folder` (a correct folder holds it)."""
+    key = {name: json.loads((Path(key_folder) / f"{name}.json").read_text(encoding="utf-8"))
+           for name in ("temp", "topp", "kvbytes")}
+    return check.Settings(**{"temperatures": (0.3, 1.0, 1.5), "samples": 30, "ps": (0.5, 0.9, 0.99), "key": key,
+                             "temp_tolerance": 2, **changes})
+
+
+def test_the_committed_example_class_grades_to_its_expected_scores():
+    """examples/class was made from a default build; its correct student's files are that build's, so
+    they are the key. Every student's score and failed tests are the ones expected.tsv names."""
+    settings = settings_for(EXAMPLE / "s01")
+    students = grading.read_class_sheet(EXAMPLE / "students.tsv")
+    graded = {s["student_id"]: grading.grade_student(s, settings, POINTS) for s in students}
+    for student_id, (score, lost) in expected_scores(EXAMPLE).items():
+        result = graded[student_id]
+        assert result["score"] == score, (student_id, result["output"])
+        assert [grading.rule_of(t) for t in result["tests"] if t["status"] == "failed"] == lost, student_id
+    assert graded["s08"]["output"].startswith("no submission") and graded["s08"]["score"] == 0
+    assert "after repeat_kv" in next(t["output"] for t in graded["s02"]["tests"] if t["name"].startswith("kv_bytes"))
+    assert "not UTF-8" in graded["s05"]["tests"][-1]["output"]
+    assert "outside the folder" in graded["s06"]["tests"][1]["output"]
+    assert (EXAMPLE / "s06" / "same.json").is_symlink()  # git keeps the link
+
+
+def test_the_example_class_points_are_the_configs():
+    import yaml
+
+    assert yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))["grade"]["points"] == POINTS
+
+
+# --- the report's numbers: found as what they are, in ## KV 캐시 ------------------------------------
+
+
+def report_folder(tmp_path, report, speedup=4.634, measured=204800):
+    folder = tmp_path / "student"
+    folder.mkdir(exist_ok=True)
+    (folder / "time.json").write_text(json.dumps({"with_cache_s": 1.0, "without_cache_s": speedup,
+                                                  "speedup": speedup}), encoding="utf-8")
+    (folder / "kvbytes.json").write_text(json.dumps({"measured_bytes": measured}), encoding="utf-8")
+    (folder / "report.md").write_text(report, encoding="utf-8")
+    return check.Folder(folder)
+
+
+SETTINGS = check.Settings(temperatures=(0.3,), samples=30, ps=(0.5,))
+
+
+@pytest.mark.parametrize("report, speedup, ok", [
+    ("## KV 캐시\n시간은 **4.63×** 빨랐다.\n", 4.634, True),
+    ("## KV 캐시\nspeedup = 4.6\n", 4.634, True),
+    ("## KV 캐시\n4.6 times faster\n", 4.634, True),
+    # the issue's holes: 3.45x written, 5.0 measured, found inside "15.00"; 0.29 "found as 0.3"
+    ("## KV 캐시\n시간은 3.45x, 15.00초\n", 5.0, False),
+    ("## KV 캐시\n온도 0.3에서 0.3×\n", 0.29, False),
+    ("## KV 캐시\n배율 4.63\n", 4.634, True),
+    ("## KV 캐시\n4.63\n", 4.634, False),  # a bare number is not a speedup
+    ("## KV 캐시\n2 × 층\n", 2.0, False),  # a product sign is not a speedup, and 2 has one digit
+    ("## KV 캐시\n없음\n## 온도\n4.63× 빨랐다\n", 4.634, False),  # outside the section
+    ("## KV cache\n4.63×\n", 4.634, False),  # no section by that heading
+], ids=["sign", "word", "times", "15.00", "0.3", "배율", "bare", "product", "elsewhere", "no-section"])
+def test_the_speedup_is_found_only_as_a_speedup_in_the_kv_section(tmp_path, report, speedup, ok):
+    verdict = check.report_speedup(report_folder(tmp_path, report, speedup=speedup), SETTINGS)
+    assert verdict[0] is ok, verdict[1]
+
+
+@pytest.mark.parametrize("report, ok", [
+    ("## KV 캐시\n**measured_bytes = 204,800 바이트**\n", True),
+    ("## KV 캐시\nthe cache holds 204800 bytes\n", True),
+    ("## KV 캐시\n200.0 KiB\n", True),
+    ("## KV 캐시\n204,800 토큰\n", False),
+    ("## KV 캐시\n1204,800 bytes 2204800 B\n", False),
+    ("## KV 캐시\n없음\n## top-p\n204,800 바이트\n", False),
+], ids=["label-and-unit", "bytes", "KiB", "not-bytes", "inside-a-number", "elsewhere"])
+def test_the_bytes_are_found_only_as_bytes_in_the_kv_section(tmp_path, report, ok):
+    verdict = check.report_measured_bytes(report_folder(tmp_path, report), SETTINGS)
+    assert verdict[0] is ok, verdict[1]
+
+
+def test_the_workflows_own_reports_pass_in_both_languages(tmp_path):
+    """The rendered report of either language states its numbers as the rules find them (the English
+    one keeps the Korean headings)."""
+    for lines in (["## KV 캐시", "| **비율** | **56.4×** | | **4.63×** (4.13–5.16×) |",
+                   "**measured_bytes = 204,800 바이트**이고"],
+                  ["## KV 캐시", "| **ratio** | **56.4×** | | **4.63×** (4.13–5.16×) |",
+                   "add up to **measured_bytes = 204,800 bytes**;"]):
+        folder = report_folder(tmp_path, "\n".join(lines) + "\n")
+        assert check.report_speedup(folder, SETTINGS)[0] and check.report_measured_bytes(folder, SETTINGS)[0]
+    template = (ROOT / "templates" / "report.md.j2").read_text(encoding="utf-8")
+    assert template.count("measured_bytes = {{ kv.measured_bytes | thousands }}") == 2
+
+
+# --- an untrusted folder ---------------------------------------------------------------------------
+
+
+def test_an_untrusted_folder_costs_only_the_tests_that_need_each_file(tmp_path):
+    folder = tmp_path / "student"
+    shutil.copytree(EXAMPLE / "s01", folder)
+    outside = tmp_path / "secret.json"
+    outside.write_text(json.dumps({"fed_with_cache": 1}), encoding="utf-8")
+    (folder / "count.json").unlink()
+    (folder / "count.json").symlink_to(outside)  # absolute link out of the folder
+    (folder / "time.json").write_text('{"with_cache_s": NaN, "without_cache_s": 1, "speedup": 1}', encoding="utf-8")
+    (folder / "topp.json").write_text(" " * 200_000 + "{}", encoding="utf-8")  # over a 100,000-byte cap
+    (folder / "temp.json").unlink()
+    (folder / "temp.json").mkdir()  # not a file
+    (folder / "same.json").write_text("[" * 20_000 + "]" * 20_000, encoding="utf-8")  # nested too deep to parse
+    result = check.check_results(folder, settings_for(EXAMPLE / "s01", max_bytes=100_000))
+    rules = result["rules"]
+    assert "outside the folder" in rules["fed_with_cache"]["detail"] and not rules["fed_with_cache"]["ok"]
+    assert "NaN is not a JSON number" in rules["cache_faster"]["detail"]
+    assert "over the 100,000-byte cap" in rules["topp"]["detail"]
+    assert rules["temp"]["detail"] == "temp.json is not a regular file"
+    assert not rules["same_ids"]["ok"] and "same.json" in rules["same_ids"]["detail"]
+    assert rules["kv_bytes"]["ok"] and rules["report_headings"]["ok"]  # the files left alone still pass
+    assert outside.read_text(encoding="utf-8") == json.dumps({"fed_with_cache": 1})  # never touched
+    assert {line.split(" ")[0] for line in rules["files"]["detail"].split("; ")} == {
+        "count.json", "time.json", "topp.json", "temp.json", "same.json"}
+
+
+def test_wrong_types_are_named(tmp_path):
+    folder = tmp_path / "student"
+    shutil.copytree(EXAMPLE / "s01", folder)
+    (folder / "kvbytes.json").write_text(json.dumps({"tokens": 100, "measured_bytes": 204800.0,
+                                                     "formula_bytes": True, "k_shape": "1,100,2,32"}), encoding="utf-8")
+    (folder / "same.json").write_text(json.dumps([1, 2]), encoding="utf-8")
+    rules = check.check_results(folder, settings_for(EXAMPLE / "s01"))["rules"]
+    assert rules["kv_bytes"]["detail"] == "kvbytes.json: measured_bytes should be an integer, got 204800.0"
+    assert rules["same_ids"]["detail"] == "same.json should hold a JSON object, got list"
+    assert rules["files"]["detail"] == "same.json should hold a JSON object, got list"  # types are the rules' job
+
+
+# --- the class sheet -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, message", [
+    ("student_id\tname\n s1\tA\n", "missing column results (expected a header line with student_id, results"),
+    ("student_id\tresults\ns1\ta\ns1\tb\n", "line 3: student_id s1 is already on line 2"),
+    ("student_id\tresults\n../x\ta\n", "line 2: student_id '../x' should be letters, digits"),
+    ("student_id\tresults\ns1\t\n", "line 2: student s1 has no results folder"),
+    ("student_id\tresults\n", "no students"),
+], ids=["missing-column", "duplicate", "bad-id", "no-folder", "empty"])
+def test_class_sheet_errors_are_one_line(tmp_path, text, message):
+    sheet = tmp_path / "class.tsv"
+    sheet.write_text(text, encoding="utf-8")
+    with pytest.raises(grading.ClassSheetError) as err:
+        grading.read_class_sheet(sheet)
+    assert message in str(err.value) and str(sheet) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_folders_are_relative_to_the_sheet_and_extra_columns_are_ignored(tmp_path):
+    sheet = tmp_path / "course" / "class.tsv"
+    sheet.parent.mkdir()
+    sheet.write_text("email\tstudent_id\tresults\na@b\tk1\tsubmissions/k1\nc@d\tk2\t/abs/k2\n", encoding="utf-8")
+    students = grading.read_class_sheet(sheet)
+    assert students == [{"student_id": "k1", "name": "", "results": str(sheet.parent / "submissions" / "k1")},
+                        {"student_id": "k2", "name": "", "results": "/abs/k2"}]
+
+
+# --- through Snakemake: the class graded from the build's own results --------------------------------
+
+
+@pytest.fixture(scope="module")
+def graded(course_build, tmp_path_factory):
+    """A class made by tools/make_example_class.py from the course build, graded by `snakemake grade`
+    in a copy of the build (the lab's results are the key; the copy keeps the build up to date)."""
+    # at the build's depth: the workflow's templates are inputs named relative to the working folder
+    workdir = shutil.copytree(course_build, tmp_path_factory.mktemp("grading"), symlinks=True, dirs_exist_ok=True)
+    class_dir = tmp_path_factory.mktemp("class") / "class"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "make_example_class.py"), str(workdir / "results"),
+                    str(class_dir)], check=True)
+    # a ninth student, not handed in, whose name is markup: the page must show it as text
+    with open(class_dir / "students.tsv", "a", encoding="utf-8") as sheet:
+        sheet.write(f"s09\t{EVIL_NAME}\ts09\n")
+    before = {path: path.stat().st_mtime_ns for path in (workdir / "results").glob("*.json")}
+    run = snakemake(workdir, "grade", config=grade_config(workdir, class_dir))
+    return {"workdir": workdir, "class": class_dir, "run": run, "before": before}
+
+
+def grade_config(workdir, class_dir, **grade):
+    config = json.loads((workdir / "test-config.yaml").read_text(encoding="utf-8"))
+    config["grade"] = {"class_sheet": str(class_dir / "students.tsv"), "points": POINTS, "temp_tolerance": 2,
+                       "max_file_bytes": 1 << 20, **grade}
+    return config
+
+
+def test_snakemake_grade_gives_the_expected_scores(graded, course):
+    rows = {str(row["student_id"]): row for row in read_csv_rows(graded["workdir"] / "results/class/grades.csv")}
+    assert list(rows) == [f"s0{i}" for i in range(1, 10)] and rows["s09"]["score"] == 0
+    for student_id, (score, lost) in expected_scores(graded["class"]).items():
+        row = rows[student_id]
+        assert row["score"] == score and row["max_score"] == sum(POINTS.values()), (student_id, row)
+        assert [name for name in POINTS if row[name] == 0 and POINTS[name]] == lost, student_id
+    assert rows["s08"]["note"].startswith("no submission:") and rows["s01"]["name"] == "김민수"
+    gradescope = json.loads((graded["workdir"] / "results/class/s02/results.json").read_text(encoding="utf-8"))
+    assert set(gradescope) >= {"score", "output", "visibility", "tests"}
+    assert {tuple(sorted(test)) for test in gradescope["tests"]} == {
+        ("max_score", "name", "number", "output", "score", "status", "visibility")}
+    tests = read_csv_rows(graded["workdir"] / "results/class/tests.csv")
+    assert [row["test"] for row in tests] == list(POINTS) and all(row["graded"] == 7 for row in tests)
+    page = (graded["workdir"] / "results/class/class.html").read_text(encoding="utf-8")
+    assert page.count('src="data:image/png;base64,') == 2 and "임지아" in page
+    # grading never wrote into the lab's results, nor ran a lab job
+    after = {path: path.stat().st_mtime_ns for path in (graded["workdir"] / "results").glob("*.json")}
+    assert after == graded["before"]
+    assert "Job stats" in graded["run"].stdout + graded["run"].stderr
+    jobs = dry_run_jobs(graded["workdir"], config=grade_config(graded["workdir"], graded["class"]))
+    assert jobs == {}, jobs  # nothing of the lab is stale after grading
+
+
+def test_a_resubmission_reruns_one_student_and_the_class(graded):
+    workdir, class_dir = graded["workdir"], graded["class"]
+    config = grade_config(workdir, class_dir)
+    report = class_dir / "s03" / "report.md"
+    handed_in = report.read_text(encoding="utf-8")
+    report.write_text(handed_in.replace("## top-p", "## top-p\n\n고쳐서 다시 냄.\n"), encoding="utf-8")
+    assert dry_run_jobs(workdir, "grade", config=config) == {"grade_student": 1, **CLASS_JOBS}
+    # the same files again (newer, but the checksums Snakemake recorded): nothing to grade
+    report.write_text(handed_in, encoding="utf-8")
+    assert dry_run_jobs(workdir, "grade", config=config) == {}
+
+
+def test_a_new_student_runs_only_theirs_and_points_rerun_grading_only(graded):
+    workdir, class_dir = graded["workdir"], graded["class"]
+    sheet = class_dir / "students.tsv"
+    bigger = class_dir / "bigger.tsv"
+    bigger.write_text(sheet.read_text(encoding="utf-8") + "s10\t새 학생\ts01\n", encoding="utf-8")
+    config = grade_config(workdir, class_dir, class_sheet=str(bigger))
+    assert dry_run_jobs(workdir, "grade", config=config) == {"grade_student": 1, **CLASS_JOBS}
+    config = grade_config(workdir, class_dir, points={**POINTS, "topp": 3})
+    assert dry_run_jobs(workdir, "grade", config=config) == {"grade_student": 9, **CLASS_JOBS}
+
+
+def test_the_class_page_in_a_browser(graded):
+    """As a teacher opens it: both figures load, one row per student, and a name that is markup is
+    shown as text, never run."""
+    from test_extras import chromium_and_playwright
+
+    executable, sync_playwright = chromium_and_playwright()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto((graded["workdir"] / "results/class/class.html").as_uri())
+            page.locator("#students").wait_for(timeout=30_000)
+            images = page.locator("img")
+            loaded = images.evaluate_all("images => images.map(image => image.complete && image.naturalWidth > 0)")
+            assert loaded == [True, True]
+            assert page.locator("#students tr").count() == 1 + 9 and page.locator("#tests tr").count() == 1 + 11
+            assert page.title() == "반 채점" and EVIL_NAME in page.locator("#students").inner_text()
+            assert "no submission" in page.locator("#students tr", has_text="s08").inner_text()
+        finally:
+            browser.close()
+
+
+def test_grade_without_a_class_sheet_says_which_key(course_build):
+    config = json.loads((course_build / "test-config.yaml").read_text(encoding="utf-8"))
+    result = snakemake(course_build, "-n", "grade", config=config, check=False)
+    assert result.returncode == 1
+    assert (result.stdout + result.stderr).strip().splitlines()[-1].startswith("config key 'grade.class_sheet' is not set")
+
+
+def test_a_bad_class_sheet_stops_before_any_job(course_build, tmp_path):
+    sheet = tmp_path / "class.tsv"
+    sheet.write_text("student_id\tresults\ns1\ta\ns1\tb\n", encoding="utf-8")
+    config = json.loads((course_build / "test-config.yaml").read_text(encoding="utf-8"))
+    config["grade"] = {**grade_config(course_build, tmp_path)["grade"], "class_sheet": str(sheet)}
+    result = snakemake(course_build, "-n", "grade", config=config, check=False)
+    assert result.returncode == 1
+    assert (result.stdout + result.stderr).strip().splitlines()[-1] == (
+        f"{sheet}, line 3: student_id s1 is already on line 2")
