@@ -354,6 +354,15 @@ NO_SHEET = (
 # without a sheet stops here in one line; asked for otherwise, the rule's input function says it.
 if not STUDENTS and "grade" in sys.argv[1:]:
     stop(NO_SHEET)
+# A folder that is not there scores 0 (no submission); said once, in case it is a typo on the sheet.
+if "grade" in sys.argv[1:] and (
+    absent := [s for s in STUDENTS.values() if not Path(s["results"]).is_dir()]
+):
+    print(
+        f"grade: {len(absent)} of {len(STUDENTS)} students have no folder and score 0 (no submission): "
+        + ", ".join(f"{s['student_id']} ({s['results']})" for s in absent),
+        file=sys.stderr,
+    )
 
 
 def class_outputs(wildcards):

@@ -183,7 +183,7 @@ rule check:
     resources:
         **LIGHT_JOB,
     params:
-        results_dir=str(CHECKED_FOLDER),
+        results_dir=lambda wildcards: str(CHECKED_FOLDER),
         temperatures=config["lab"]["temp"]["temperatures"],
         samples=config["lab"]["temp"]["samples"],
         ps=config["lab"]["topp"]["ps"],

@@ -96,3 +96,6 @@ rule class_page:
 rule grade:
     input:
         class_outputs,
+    threads: 1
+    resources:
+        **LIGHT_JOB,

@@ -458,7 +458,7 @@ def test_check_reports_missing_files_and_keys(tmp_path):
     assert not result["ok"]
     assert result["rules"]["fed_with_cache"]["detail"] == "count.json has no key 'new_tokens'"
     assert result["rules"]["same_ids"]["detail"] == "same.json is missing"
-    assert "FAILED: fed_with_cache" in check.verdict_table(result)
+    assert "FAILED: files, same_ids, fed_with_cache," in check.verdict_table(result)
 
 
 def test_the_report_page_holds_its_figures_and_escapes_what_the_model_wrote(built, tmp_path):

@@ -188,7 +188,7 @@ def test_folders_are_relative_to_the_sheet_and_extra_columns_are_ignored(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def graded(course_build, tmp_path_factory):
+def graded(course_build, course, tmp_path_factory):
     """A class made by tools/make_example_class.py from the course build, graded by `snakemake grade`
     in a copy of the build (the lab's results are the key; the copy keeps the build up to date)."""
     # at the build's depth: the workflow's templates are inputs named relative to the working folder
@@ -200,15 +200,15 @@ def graded(course_build, tmp_path_factory):
     with open(class_dir / "students.tsv", "a", encoding="utf-8") as sheet:
         sheet.write(f"s09\t{EVIL_NAME}\ts09\n")
     before = {path: path.stat().st_mtime_ns for path in (workdir / "results").glob("*.json")}
-    run = snakemake(workdir, "grade", config=grade_config(workdir, class_dir))
-    return {"workdir": workdir, "class": class_dir, "run": run, "before": before}
+    config = grade_config(course, class_dir)
+    run = snakemake(workdir, "grade", config=config)
+    return {"workdir": workdir, "class": class_dir, "run": run, "before": before, "course": course}
 
 
-def grade_config(workdir, class_dir, **grade):
-    config = json.loads((workdir / "test-config.yaml").read_text(encoding="utf-8"))
-    config["grade"] = {"class_sheet": str(class_dir / "students.tsv"), "points": POINTS, "temp_tolerance": 2,
-                       "max_file_bytes": 1 << 20, **grade}
-    return config
+def grade_config(course, class_dir, **grade):
+    """The build's config (the course files, the tests' small sizes) and a class to grade."""
+    return {**course_config(course), "grade": {"class_sheet": str(class_dir / "students.tsv"), "points": POINTS,
+                                               "temp_tolerance": 2, "max_file_bytes": 1 << 20, **grade}}
 
 
 def test_snakemake_grade_gives_the_expected_scores(graded, course):
@@ -231,13 +231,13 @@ def test_snakemake_grade_gives_the_expected_scores(graded, course):
     after = {path: path.stat().st_mtime_ns for path in (graded["workdir"] / "results").glob("*.json")}
     assert after == graded["before"]
     assert "Job stats" in graded["run"].stdout + graded["run"].stderr
-    jobs = dry_run_jobs(graded["workdir"], config=grade_config(graded["workdir"], graded["class"]))
+    jobs = dry_run_jobs(graded["workdir"], config=grade_config(graded["course"], graded["class"]))
     assert jobs == {}, jobs  # nothing of the lab is stale after grading
 
 
 def test_a_resubmission_reruns_one_student_and_the_class(graded):
     workdir, class_dir = graded["workdir"], graded["class"]
-    config = grade_config(workdir, class_dir)
+    config = grade_config(graded["course"], class_dir)
     report = class_dir / "s03" / "report.md"
     handed_in = report.read_text(encoding="utf-8")
     report.write_text(handed_in.replace("## top-p", "## top-p\n\n고쳐서 다시 냄.\n"), encoding="utf-8")
@@ -252,9 +252,9 @@ def test_a_new_student_runs_only_theirs_and_points_rerun_grading_only(graded):
     sheet = class_dir / "students.tsv"
     bigger = class_dir / "bigger.tsv"
     bigger.write_text(sheet.read_text(encoding="utf-8") + "s10\t새 학생\ts01\n", encoding="utf-8")
-    config = grade_config(workdir, class_dir, class_sheet=str(bigger))
+    config = grade_config(graded["course"], class_dir, class_sheet=str(bigger))
     assert dry_run_jobs(workdir, "grade", config=config) == {"grade_student": 1, **CLASS_JOBS}
-    config = grade_config(workdir, class_dir, points={**POINTS, "topp": 3})
+    config = grade_config(graded["course"], class_dir, points={**POINTS, "topp": 3})
     assert dry_run_jobs(workdir, "grade", config=config) == {"grade_student": 9, **CLASS_JOBS}
 
 
@@ -280,18 +280,17 @@ def test_the_class_page_in_a_browser(graded):
             browser.close()
 
 
-def test_grade_without_a_class_sheet_says_which_key(course_build):
-    config = json.loads((course_build / "test-config.yaml").read_text(encoding="utf-8"))
+def test_grade_without_a_class_sheet_says_which_key(course_build, course):
+    config = course_config(course)
     result = snakemake(course_build, "-n", "grade", config=config, check=False)
     assert result.returncode == 1
     assert (result.stdout + result.stderr).strip().splitlines()[-1].startswith("config key 'grade.class_sheet' is not set")
 
 
-def test_a_bad_class_sheet_stops_before_any_job(course_build, tmp_path):
+def test_a_bad_class_sheet_stops_before_any_job(course_build, course, tmp_path):
     sheet = tmp_path / "class.tsv"
     sheet.write_text("student_id\tresults\ns1\ta\ns1\tb\n", encoding="utf-8")
-    config = json.loads((course_build / "test-config.yaml").read_text(encoding="utf-8"))
-    config["grade"] = {**grade_config(course_build, tmp_path)["grade"], "class_sheet": str(sheet)}
+    config = grade_config(course, tmp_path, class_sheet=str(sheet))
     result = snakemake(course_build, "-n", "grade", config=config, check=False)
     assert result.returncode == 1
     assert (result.stdout + result.stderr).strip().splitlines()[-1] == (

@@ -221,7 +221,7 @@ def kv_bytes(folder, settings):
     head_dim): the shape before repeat_kv. Against a key, the shape and bytes are the key's."""
     measured, formula = field(folder, "kvbytes", "measured_bytes", "int"), field(folder, "kvbytes", "formula_bytes", "int")
     shape, tokens = field(folder, "kvbytes", "k_shape", "ints"), field(folder, "kvbytes", "tokens", "int")
-    detail = f"measured_bytes={measured:,}, formula_bytes={formula:,}, k_shape={shape} for tokens={tokens}"
+    detail = f"measured_bytes={measured}, formula_bytes={formula}, k_shape={shape} for tokens={tokens}"
     if len(shape) != 4:
         return False, detail + ": k_shape should be (batch, tokens, KV heads, head_dim)"
     key = (settings.key or {}).get("kvbytes")
