@@ -126,6 +126,7 @@ EXTRA_RESULTS = {
     "compare": "results/compare.csv",
     "batch": "results/batch.tsv",
     "kv_waste": "results/kv_waste.csv",
+    "step_anatomy": "results/step_anatomy.json",
 }
 # One rule a figure (rules/figures.smk), named by the key; its caption is report/NAME.rst.
 FIGURES = {
@@ -139,6 +140,7 @@ FIGURES = {
     "figure_compare": {"data": "compare", "subcategory": "Model comparison"},
     "figure_batch": {"data": "batch", "subcategory": "Batching"},
     "figure_kv_waste": {"data": "kv_waste", "subcategory": "KV reservation"},
+    "figure_step_anatomy": {"data": "step_anatomy", "subcategory": "Step anatomy"},
 }
 for name, figure in FIGURES.items():
     figure["path"] = f"results/figures/{name.removeprefix('figure_')}.png"

@@ -11,6 +11,13 @@ if (
 ):
     stop(f"config key 'extras.check.results_dir': folder not found: {CHECKED_FOLDER}")
 
+ANATOMY = EXTRAS["step_anatomy"]
+if ANATOMY["contexts"] != sorted(set(ANATOMY["contexts"])):
+    stop(
+        f"config key 'extras.step_anatomy.contexts': {ANATOMY['contexts']} should rise, "
+        f"each length once"
+    )
+
 
 rule sweep:
     input:
@@ -71,6 +78,37 @@ rule latency:
         repeats=EXTRAS["latency"]["repeats"],
     script:
         "../scripts/latency.py"
+
+
+# Where a step's time goes (torch.profiler) and MiniMind's torch.cat cache against one allocated
+# once and written in place (kvlab.lab.anatomy); the lab's own steps keep MiniMind's cache.
+rule step_anatomy:
+    input:
+        **checkpoint_inputs("pretrain"),
+        prompt=LAB_DETAILS["prompt"],
+    output:
+        anatomy=report(
+            EXTRA_RESULTS["step_anatomy"],
+            caption="../report/step_anatomy.rst",
+            category="Beyond the lab",
+            subcategory="Step anatomy",
+        ),
+    log:
+        "results/logs/step_anatomy.log",
+    benchmark:
+        "results/benchmarks/step_anatomy.tsv"
+    # The clock must not share the CPU with other jobs: take every core.
+    threads: all_cores
+    resources:
+        **model_job("pretrain", timed=True),
+    params:
+        **model_params(),
+        **timing_params(),
+        # the lab's timed generation (step 3): its last step is the one opened
+        **EXTRAS["step_anatomy"],
+        new_tokens=config["lab"]["time"]["new_tokens"],
+    script:
+        "../scripts/step_anatomy.py"
 
 
 rule kv_capacity:

@@ -14,6 +14,7 @@ DRAW = {
     "figure_compare": figures.compare_curve,
     "figure_batch": figures.batch_curve,
     "figure_kv_waste": figures.kv_waste_bars,
+    "figure_step_anatomy": figures.step_anatomy_figure,
     "figure_class_scores": figures.class_scores,
     "figure_class_tests": figures.class_tests,
 }

@@ -100,6 +100,7 @@ SMALL_EXTRAS = {
     # the course's 8 validation documents bound the distinct batch and the requests
     "batch": {"prompt_tokens": 20, "new_tokens": 4, "sizes": [1, 2, 4], "warmup": 0, "repeats": 1},
     "kv_waste": {"requests": 6, "prompt_cap": 16, "answer_cap": 8},
+    "step_anatomy": {"warmup": 1, "repeats": 2, "profile_repeats": 2, "contexts": [64], "samples": 2, "seed": 0},
 }
 
 
@@ -107,7 +108,9 @@ def course_config(course, **lab_changes):
     """A --configfile dict: the course files, SMALL_LAB with per-step changes, SMALL_EXTRAS, and no
     models to compare but the lab's own (tests/test_compare.py adds some)."""
     lab = {step: {**knobs, **lab_changes.get(step, {})} for step, knobs in SMALL_LAB.items()}
-    return {**{key: str(path) for key, path in course.items()}, "lab": lab, "extras": SMALL_EXTRAS, "compare": []}
+    # an unstable timing repeats for at most a quarter second here, not config.yaml's second
+    return {**{key: str(path) for key, path in course.items()}, "lab": lab, "extras": SMALL_EXTRAS, "compare": [],
+            "timing": {"threads": 1, "max_seconds": 0.25}}
 
 
 # The files a clone needs to run the workflow (the kvlab package is imported from the installed one).

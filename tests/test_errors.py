@@ -334,7 +334,8 @@ def test_run_killed_during_training_reruns_to_completion(tmp_path):
 # --- determinism -------------------------------------------------------------------------------
 
 # wall-clock measurements differ run to run: these files hold times
-EXEMPT = {"time.json", "time_runs.json", "sweep_runs.json", "batch_runs.json", "latency.json", "check.json"}
+EXEMPT = {"time.json", "time_runs.json", "sweep_runs.json", "batch_runs.json", "latency.json", "check.json",
+          "step_anatomy.json"}
 
 
 def test_two_clean_builds_give_identical_json(tmp_path, course, course_build):

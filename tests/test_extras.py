@@ -175,7 +175,7 @@ def chromium_and_playwright():
 
 def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(html_report):
     """As a teacher opens it: the front page is about the lab, in the report's language (ko here), and
-    the lab report is shown in the page, its three sections and its seven figures loaded."""
+    the lab report is shown in the page, its three sections and its eight figures loaded."""
     executable, sync_playwright = chromium_and_playwright()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
@@ -192,7 +192,7 @@ def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(
             shown.locator("h2").first.wait_for(timeout=30_000)
             assert {"KV 캐시", "온도", "top-p"} <= set(shown.locator("h2").all_inner_texts())
             images = shown.locator("img")
-            assert images.count() == 7
+            assert images.count() == 8
             loaded = images.evaluate_all("images => images.map(image => image.complete && image.naturalWidth > 0)")
             assert all(loaded), loaded
             alt_texts = " ".join(images.evaluate_all("images => images.map(image => image.alt)"))
@@ -303,6 +303,7 @@ def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
     jobs = dry_run_jobs(built.parent, config=config)
     assert jobs == {"figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
                     "figure_temperature_effect": 1, "figure_compare": 1, "figure_batch": 1, "figure_kv_waste": 1,
+                    "figure_step_anatomy": 1,
                     "lab_tables": 1, "report": 1, "lab_report_html": 1, "check": 1, "all": 1}, jobs
 
 
@@ -312,7 +313,8 @@ def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, la
             "step_times": (figures.latency_curve, load(built, "latency.json")),
             "topp_survivors": (figures.topp_curve, pd.read_csv(built / "topp_curve.csv").to_dict("records")),
             "temperature_effect": (figures.temperature_curve, pd.read_csv(built / "temp_curve.csv").to_dict("records")),
-            "compare": (figures.compare_curve, pd.read_csv(built / "compare.csv").to_dict("records"))}
+            "compare": (figures.compare_curve, pd.read_csv(built / "compare.csv").to_dict("records")),
+            "step_anatomy": (figures.step_anatomy_figure, load(built, "step_anatomy.json"))}
     for name, (function, data) in draw.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a missing glyph is a warning: fail on it
@@ -466,7 +468,7 @@ def test_the_report_page_holds_its_figures_and_escapes_what_the_model_wrote(buil
 
     figure_paths = sorted((built / "figures").glob("*.png"))
     page = report_page(ROOT / "templates" / "lab_report.html.j2", built / "report.md", figure_paths, "ko")
-    assert page.count('src="data:image/png;base64,') == 7 and 'src="figures/' not in page
+    assert page.count('src="data:image/png;base64,') == 8 and 'src="figures/' not in page
     assert '<html lang="ko">' in page and "<h2>KV 캐시</h2>" in page and "<table>" in page
     # a model's answer (in a code span of the report's table) is text, never markup
     markdown_file = tmp_path / "report.md"

@@ -10,6 +10,10 @@ KV key/value heads, D head_dim, C hidden_size, V vocab_size.
 A batch of prompts of different lengths is left-padded, as MiniMind's `generate` takes it: an
 `attention_mask` (B, S) of 1 for a real token and 0 for padding hides the padding from every
 query. Positions are not shifted (RoPE scores depend only on the distance between two tokens).
+
+The cache is MiniMind's: per layer (K, V), grown by `torch.cat` at every step, so each step copies
+all it holds. `StaticCache` is the other way, beside it and never used by the lab's seven steps:
+allocated once for the final length and written in place (`generate(..., kv_cache="static")`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,65 @@ from kvlab.engine import sampling
 from kvlab.engine.config import MiniMindConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+KV_CACHES = ("cat", "static")
+
+
+def extend_cache(past_kv: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor):
+    """MiniMind's cache: the past K and V with this call's appended, by torch.cat (a new tensor each
+    step, so the whole cache is copied again)."""
+    return torch.cat([past_kv[0], k], dim=1), torch.cat([past_kv[1], v], dim=1)
+
+
+class StaticCache:
+    """A KV cache allocated once for `max_tokens` positions and written in place, as serving code
+    keeps it (nanochat's KVCache, Hugging Face's StaticCache, gpt-fast): no step copies what the
+    cache already holds. Per layer K and V are (B, max_tokens, KV, D), before repeat_kv, like
+    MiniMind's; the first `length` positions hold tokens."""
+
+    def __init__(self, config: MiniMindConfig, batch: int, max_tokens: int, dtype, device):
+        shape = (batch, max_tokens, config.num_key_value_heads, config.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.max_tokens = max_tokens
+        self.length = 0
+
+    def layer(self, index: int) -> "StaticLayer":
+        return StaticLayer(self, index)
+
+    def write(self, index: int, k: torch.Tensor, v: torch.Tensor):
+        """Write this call's K and V of layer `index` after the tokens held; the held and new ones, as views."""
+        end = self.length + k.shape[1]
+        if end > self.max_tokens:
+            raise ValueError(f"the static cache holds {self.max_tokens} positions; this call needs {end}")
+        self.keys[index][:, self.length:end] = k
+        self.values[index][:, self.length:end] = v
+        return self.keys[index][:, :end], self.values[index][:, :end]
+
+    def nbytes(self) -> int:
+        """Bytes reserved (all positions, held or not)."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@dataclass
+class StaticLayer:
+    """One layer's view of a StaticCache, as Attention receives it."""
+
+    cache: StaticCache
+    index: int
+
+    @property
+    def start(self) -> int:
+        return self.cache.length
+
+    def write(self, k: torch.Tensor, v: torch.Tensor):
+        return self.cache.write(self.index, k, v)
+
+
+def cache_length(past_key_values) -> int:
+    """Tokens a cache holds (either kind; 0 for none)."""
+    if isinstance(past_key_values, StaticCache):
+        return past_key_values.length
+    return past_key_values[0][0].shape[1] if past_key_values else 0
 
 
 class RMSNorm(nn.Module):
@@ -92,16 +155,19 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if past_kv is not None:
-            k = torch.cat([past_kv[0], k], dim=1)  # (B, S, KV, D)
-            v = torch.cat([past_kv[1], v], dim=1)
+        had_past = past_kv is not None
+        if isinstance(past_kv, StaticLayer):
+            had_past = past_kv.start > 0
+            k, v = past_kv.write(k, v)  # (B, S, KV, D), views of the preallocated cache
+        elif past_kv is not None:
+            k, v = extend_cache(past_kv, k, v)  # (B, S, KV, D)
         # The cache keeps K and V *before* repeat_kv: GQA's saving is the cache's saving.
         present = (k, v) if use_cache else None
         q = q.transpose(1, 2)  # (B, H, T, D)
         k = repeat_kv(k, self.n_rep).transpose(1, 2)  # (B, H, S, D)
         v = repeat_kv(v, self.n_rep).transpose(1, 2)
         unpadded = attention_mask is None or bool(attention_mask.all())
-        if self.use_flash and fed > 1 and past_kv is None and unpadded:
+        if self.use_flash and fed > 1 and not had_past and unpadded:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, S)
@@ -158,12 +224,15 @@ class MiniMindModel(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False):
         fed = input_ids.shape[1]
-        start = past_key_values[0][0].shape[1] if past_key_values else 0
+        start = cache_length(past_key_values)
         if start + fed > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence of {start + fed} tokens exceeds max_position_embeddings "
                 f"({self.config.max_position_embeddings})"
             )
+        static = past_key_values if isinstance(past_key_values, StaticCache) else None
+        if static is not None:
+            past_key_values = [static.layer(index) for index in range(len(self.layers))]
         past_key_values = past_key_values or [None] * len(self.layers)
         cos = self.freqs_cos[start : start + fed]  # positions continue from the cache length
         sin = self.freqs_sin[start : start + fed]
@@ -172,13 +241,16 @@ class MiniMindModel(nn.Module):
         for layer, past_kv in zip(self.layers, past_key_values):
             hidden, present = layer(hidden, cos, sin, past_kv, use_cache, attention_mask)
             presents.append(present)
+        if static is not None:
+            static.length += fed  # every layer wrote its positions start .. start + fed
+            presents = static
         return self.norm(hidden), presents
 
 
 @dataclass
 class CausalLMOutput:
     logits: torch.Tensor  # (B, T, V)
-    past_key_values: KVCache | None  # per layer (k, v), each (B, S, KV, D)
+    past_key_values: KVCache | StaticCache | None  # per layer (k, v), each (B, S, KV, D); or the StaticCache
 
 
 class MiniMindForCausalLM(nn.Module):
@@ -194,6 +266,16 @@ class MiniMindForCausalLM(nn.Module):
         """`attention_mask` (B, cached + fed), when given: 1 for a real token, 0 for left padding."""
         hidden, presents = self.model(input_ids, attention_mask, past_key_values, use_cache)
         return CausalLMOutput(logits=self.lm_head(hidden), past_key_values=presents if use_cache else None)
+
+    def decode_step(self, input_ids, attention_mask, past_key_values, use_cache: bool, *, temperature: float,
+                    top_k: int, top_p: float, repetition_penalty: float, do_sample: bool):
+        """One step of `generate`: feed `forward` what the cache has not seen (everything without one),
+        then choose each row's next token from the last position's logits. Returns (outputs, (B, 1) ids)."""
+        outputs = self.forward(input_ids[:, cache_length(past_key_values):], attention_mask, past_key_values,
+                               use_cache=use_cache)
+        next_token = sampling.next_token(outputs.logits[:, -1, :], input_ids, temperature=temperature, top_k=top_k,
+                                         top_p=top_p, repetition_penalty=repetition_penalty, do_sample=do_sample)
+        return outputs, next_token
 
     def check_room(self, prompt_len: int, max_new_tokens: int) -> None:
         """Refuse, before any work, a generation that would run past the position table.
@@ -220,16 +302,22 @@ class MiniMindForCausalLM(nn.Module):
         num_return_sequences: int = 1,
         do_sample: bool = True,
         repetition_penalty: float = 1.0,
+        *,
+        kv_cache: str = "cat",
     ) -> torch.Tensor:
         """MiniMind's generation loop. Returns prompt + new ids, (B * num_return_sequences, P + n).
 
         Each step feeds `self.forward` only what the cache has not seen yet: the
         whole prompt first (prefill), then one token a step with the cache, or
         everything so far again without it. Prompts of different lengths come left-padded with
-        their `attention_mask` (B, P); each new token extends it with a 1.
+        their `attention_mask` (B, P); each new token extends it with a 1. `kv_cache="static"`
+        (not MiniMind's; never the lab's seven steps) keeps the cache in a StaticCache allocated once
+        for the final length instead of growing it by torch.cat: the same tokens, without the copies.
         """
         sampling.check_temperature(temperature, do_sample)
         self.check_room(inputs.shape[1], max_new_tokens)
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
         input_ids = inputs.repeat(num_return_sequences, 1)
         if attention_mask is not None:
             if attention_mask.shape != inputs.shape:
@@ -237,16 +325,15 @@ class MiniMindForCausalLM(nn.Module):
             attention_mask = attention_mask.repeat(num_return_sequences, 1)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         past_key_values = None
+        if use_cache and kv_cache == "static":
+            past_key_values = StaticCache(self.config, input_ids.shape[0], inputs.shape[1] + max_new_tokens - 1,
+                                          self.lm_head.weight.dtype, input_ids.device)
+        knobs = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                     do_sample=do_sample)
         for _ in range(max_new_tokens):
-            past_len = past_key_values[0][0].shape[1] if past_key_values else 0
-            outputs = self.forward(input_ids[:, past_len:], attention_mask, past_key_values, use_cache=use_cache)
+            outputs, next_token = self.decode_step(input_ids, attention_mask, past_key_values, use_cache, **knobs)
             if attention_mask is not None:
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1)
-            logits = sampling.apply_temperature(outputs.logits[:, -1, :], temperature, do_sample)
-            logits = sampling.apply_repetition_penalty(logits, input_ids, repetition_penalty)
-            logits = sampling.top_k_filter(logits, top_k)
-            logits = sampling.top_p_filter(logits, top_p)
-            next_token = sampling.pick_next_token(logits, do_sample)
             if eos_token_id is not None:
                 # rows that already finished keep receiving eos
                 next_token = torch.where(finished.unsqueeze(-1), torch.full_like(next_token, eos_token_id), next_token)
@@ -275,6 +362,8 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def kv_cache_bytes(past_key_values: KVCache) -> int:
-    """Bytes held by every tensor of a cache, as allocated."""
+def kv_cache_bytes(past_key_values: KVCache | StaticCache) -> int:
+    """Bytes held by every tensor of a cache, as allocated (a StaticCache's: all it reserved)."""
+    if isinstance(past_key_values, StaticCache):
+        return past_key_values.nbytes()
     return sum(t.numel() * t.element_size() for pair in past_key_values for t in pair)

@@ -75,6 +75,17 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(~top_p_keep(logits, p), float("-inf"))
 
 
+def next_token(logits: torch.Tensor, seen_ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float,
+               repetition_penalty: float, do_sample: bool) -> torch.Tensor:
+    """`generate`'s choice of each row's next token from its last logits (batch, vocab), the knobs in
+    MiniMind's order: temperature, repetition penalty, top-k, top-p, then a draw or the argmax."""
+    logits = apply_temperature(logits, temperature, do_sample)
+    logits = apply_repetition_penalty(logits, seen_ids, repetition_penalty)
+    logits = top_k_filter(logits, top_k)
+    logits = top_p_filter(logits, top_p)
+    return pick_next_token(logits, do_sample)
+
+
 def pick_next_token(logits: torch.Tensor, do_sample: bool) -> torch.Tensor:
     """Draw one token per row from softmax(logits), or take the argmax. Returns (batch, 1)."""
     if do_sample:

@@ -109,6 +109,25 @@ TEXT = {
         "scores_title": "Scores of the class ({students} students, maximum {max_score})",
         "pass_rate": "students who handed in a folder and passed (%)",
         "tests_title": "Pass rate of each test ({graded} folders): which step the class found hard",
+        "part_matmul": "matrix products",
+        "part_attention": "attention",
+        "part_norm": "norms",
+        "part_rope": "RoPE",
+        "part_cache": "cache append",
+        "part_sampling": "sampling",
+        "part_other_operators": "other operators",
+        "part_python_dispatch": "Python and dispatch",
+        "step_cat": "with cache (torch.cat)",
+        "step_static": "with cache (preallocated)",
+        "step_uncached": "without cache",
+        "profiled_ms": "step time by part (ms; profiled, the profiler's own cost taken off)",
+        "anatomy_title": "The lab's last step ({context} tokens of context), opened",
+        "cache_cat": "MiniMind's cache (torch.cat every step)",
+        "cache_static": "preallocated, written in place",
+        "curve_title": "One decode step as the cache fills",
+        "cache_context": "context: tokens in the cache + the one fed",
+        "decode_step_ms": "decode step (ms)",
+        "step_anatomy_title": "Where a generation step's time goes",
     },
     "ko": {
         "with_cache": "캐시 사용",
@@ -184,6 +203,25 @@ TEXT = {
         "scores_title": "반의 점수 분포 (학생 {students}명, 만점 {max_score}점)",
         "pass_rate": "제출한 학생 중 통과한 비율 (%)",
         "tests_title": "테스트별 통과율 (제출 {graded}건): 반이 어려워한 단계",
+        "part_matmul": "행렬 곱",
+        "part_attention": "어텐션",
+        "part_norm": "정규화",
+        "part_rope": "RoPE",
+        "part_cache": "캐시 잇기",
+        "part_sampling": "샘플링",
+        "part_other_operators": "그 밖의 연산",
+        "part_python_dispatch": "파이썬과 디스패치",
+        "step_cat": "캐시 사용 (torch.cat)",
+        "step_static": "캐시 사용 (미리 잡음)",
+        "step_uncached": "캐시 없음",
+        "profiled_ms": "부분별 스텝 시간 (ms; 프로파일러 자체 비용을 뺌)",
+        "anatomy_title": "실험의 마지막 스텝(문맥 {context}토큰)을 열어 보면",
+        "cache_cat": "MiniMind의 캐시 (스텝마다 torch.cat)",
+        "cache_static": "미리 잡아 제자리에 쓰는 캐시",
+        "curve_title": "캐시가 찰수록 디코딩 한 스텝",
+        "cache_context": "문맥: 캐시에 든 토큰 + 넣는 토큰",
+        "decode_step_ms": "디코딩 한 스텝 (ms)",
+        "step_anatomy_title": "생성 한 스텝의 시간은 어디에 쓰이나",
     },
 }
 
@@ -537,4 +575,44 @@ def class_tests(rows: list[dict], path, language: str = "en") -> None:
         ax.set_xlim(0, 110)
         ax.set_xlabel(text("pass_rate"))
         ax.set_title(text("tests_title", graded=rows[0]["graded"]))
+        _save(fig, path)
+
+
+ANATOMY_COLORS = {"matmul": "tab:blue", "attention": "tab:orange", "norm": "tab:green", "rope": "tab:purple",
+                  "cache": "tab:red", "sampling": "tab:brown", "other_operators": "tab:gray",
+                  "python_dispatch": "lightgray"}
+
+
+def step_anatomy_figure(data: dict, path, language: str = "en") -> None:
+    """Left: the lab's last step, three ways, as stacked bars of milliseconds by part (profiled).
+    Right: every step of a long generation against its context length, with each cache."""
+    anatomy, curve = data["anatomy"], data["curve"]
+    steps = (("with_cache_cat", "step_cat"), ("with_cache_static", "step_static"), ("without_cache", "step_uncached"))
+    with _drawing(language) as text:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [1.1, 1]})
+        positions = np.arange(len(steps))[::-1]
+        ends = np.zeros(len(steps))
+        for part, color in ANATOMY_COLORS.items():
+            widths = np.array([anatomy[name]["ms"][part] for name, _ in steps])
+            left.barh(positions, widths, 0.6, left=ends, color=color, label=text(f"part_{part}"))
+            ends += widths
+        for y, end, (name, _) in zip(positions, ends, steps):
+            share = anatomy[name]["shares"]["python_dispatch"]
+            left.annotate(f"{anatomy[name]['corrected_step_ms']:.2f} ms ({100 * share:.0f}%)", (end, y),
+                          textcoords="offset points", xytext=(3, 0), va="center", fontsize=8)
+        left.set_yticks(positions, [text(label) for _, label in steps], fontsize=8)
+        left.set_xlim(0, ends.max() * 1.3)
+        left.set_xlabel(text("profiled_ms"))
+        left.set_title(text("anatomy_title", context=anatomy["context_tokens"]))
+        left.legend(fontsize=7, loc="upper right")
+        for kv_cache, color, marker in (("cat", WITH_CACHE_COLOR, "o"), ("static", "tab:green", "s")):
+            row = curve[kv_cache]
+            median = np.array(row["step_ms"])
+            right.errorbar(curve["contexts"], median, yerr=[median - np.array(row["q1_ms"]), np.array(row["q3_ms"]) - median],
+                           color=color, marker=marker, capsize=3, lw=1, label=text(f"cache_{kv_cache}"))
+        right.set_xlabel(text("cache_context"))
+        right.set_ylabel(text("decode_step_ms"))
+        right.set_title(text("curve_title"))
+        right.legend(fontsize=8)
+        fig.suptitle(text("step_anatomy_title"))
         _save(fig, path)

@@ -216,6 +216,8 @@ def extras_context(results: dict, timing: dict) -> dict:
         context["batch"] = batch_context(results["batch"])
     if "kv_waste" in results:
         context["kv_waste"] = kv_waste_context(results["kv_waste"], results["kv_waste_requests"])
+    if "step_anatomy" in results:
+        context["anatomy"] = anatomy_context(results["step_anatomy"], context.get("latency"))
     if "fidelity" in results:
         fidelity = results["fidelity"]
         context["fidelity"] = {"identical": fidelity["identical"], "checks": fidelity["checks"],
@@ -223,6 +225,42 @@ def extras_context(results: dict, timing: dict) -> dict:
                                "layout": fidelity["minimind"]["layout"],
                                "first": fidelity["differences"][0] if fidelity["differences"] else None}
     return context
+
+
+# Of a cached step's time, the share outside every operator above which the report calls it most of
+# the step, and below which a small part.
+MOST, SMALL = 0.5, 0.25
+
+
+def anatomy_context(data: dict, latency: dict | None) -> dict:
+    """step_anatomy.json for the prose: the three steps' parts (shares in %, the order of the largest
+    operator parts), whether the sheet's "fixed cost per step (Python and kernel calls)" is most, a
+    large part or a small part of a cached step, the per-step fit's fixed cost beside it (when the
+    latency split ran), and where the preallocated cache's last steps lie against MiniMind's."""
+    anatomy, curve = data["anatomy"], data["curve"]
+    steps = {}
+    for name in ("with_cache_cat", "with_cache_static", "without_cache"):
+        step = anatomy[name]
+        operators = {part: share for part, share in step["shares"].items() if part != "python_dispatch"}
+        inside_ms = step["corrected_step_ms"] - step["ms"]["python_dispatch"]
+        steps[name] = {**step, "percent": {part: 100 * share for part, share in step["shares"].items()},
+                       "largest": sorted(operators, key=operators.get, reverse=True)[:3],
+                       "us_per_call": 1e3 * inside_ms / step["operator_calls"] if step["operator_calls"] else 0.0}
+    outside = anatomy["with_cache_cat"]["shares"]["python_dispatch"]
+    cat, static = curve["cat"]["steps"][-1], curve["static"]["steps"][-1]
+    return {
+        **steps,
+        "context_tokens": anatomy["context_tokens"],
+        "profiler_us_per_event": anatomy["with_cache_cat"]["profiler_us_per_event"],
+        "outside": "most" if outside >= MOST else "small" if outside < SMALL else "large",
+        "all_add_up": all(steps[name]["adds_up"] for name in steps),
+        "fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
+        "curve": curve,
+        "cat_ms": cat["median_s"] * 1e3, "static_ms": static["median_s"] * 1e3,
+        "longest": curve["contexts"][-1],
+        # cat / static: "above" 1 when MiniMind's cache is slower, "below" when faster, "within" can't tell
+        "static_vs_cat": against((curve["cat_over_static"]["low"], curve["cat_over_static"]["high"]), 1.0),
+    }
 
 
 def compare_context(rows: list[dict]) -> dict:
@@ -313,7 +351,8 @@ def kv_waste_context(rows: list[dict], detail: dict) -> dict:
 
 def unstable_timings(context: dict) -> list[dict]:
     """Every timing the rule calls unstable (IQR at least 10% of its median), as {what, share}: step 3's
-    modes, the sweep's N, the per-step timing's modes, the compared models."""
+    modes, the sweep's N, the per-step timing's modes, the compared models, the batches, the opened
+    steps and the two caches' last steps."""
     found = [{"what": "step3", "mode": label, "share": context["step3"][label]["iqr_share"]}
              for label in ("with_cache", "without_cache") if context["step3"][label]["unstable"]]
     for row in context.get("sweep", {}).get("rows", []):
@@ -331,6 +370,14 @@ def unstable_timings(context: dict) -> list[dict]:
     for row in context.get("batch", {}).get("rows", []):
         if row["unstable"]:
             found.append({"what": "batch", "mode": row["mode"], "n": row["B"], "share": row["iqr_share"]})
+    anatomy = context.get("anatomy")
+    if anatomy:
+        found += [{"what": "anatomy", "mode": name, "share": anatomy[name]["step"]["iqr_share"]}
+                  for name in ("with_cache_cat", "with_cache_static", "without_cache") if anatomy[name]["step"]["unstable"]]
+        found += [{"what": "anatomy", "mode": f"{kv_cache} @ {context}", "share": row["iqr_share"]}
+                  for kv_cache in ("cat", "static")
+                  for context, row in zip(anatomy["curve"]["contexts"], anatomy["curve"][kv_cache]["steps"])
+                  if row["unstable"]]
     return found
 
 

@@ -1,0 +1,147 @@
+"""Where a step's time goes (kvlab.lab.anatomy) and the preallocated cache (kvlab.engine.model.StaticCache):
+the same tokens as MiniMind's torch.cat cache, parts that add up, and the workflow's rule."""
+import json
+
+import pytest
+import torch
+
+from kvlab.engine import model as engine_model
+from kvlab.engine import sampling
+from kvlab.engine.model import StaticCache, kv_cache_bytes, left_pad
+from kvlab.lab import anatomy, steps
+
+from helpers import course_config, dry_run_jobs, random_model, snakemake
+
+PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11]])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(0)
+
+
+# --- the preallocated cache gives MiniMind's tokens ------------------------------------------------
+
+
+def test_greedy_and_seeded_samples_are_identical_with_both_caches(model):
+    greedy = {kv: model.generate(PROMPT, max_new_tokens=40, kv_cache=kv, **steps.GREEDY) for kv in ("cat", "static")}
+    assert torch.equal(greedy["cat"], greedy["static"])
+    sampled = {}
+    for kv in ("cat", "static"):
+        torch.manual_seed(3)
+        sampled[kv] = model.generate(PROMPT, max_new_tokens=30, temperature=1.2, top_p=0.9, num_return_sequences=6,
+                                     eos_token_id=None, kv_cache=kv)
+    assert torch.equal(sampled["cat"], sampled["static"]) and len(set(map(tuple, sampled["cat"].tolist()))) > 1
+
+
+def test_padded_rows_and_half_precision_are_identical_too(model):
+    ids, mask = left_pad([[1, 5, 6], [1, 7, 8, 9, 10, 11, 12]])
+    both = [model.generate(ids, mask, max_new_tokens=12, kv_cache=kv, **steps.GREEDY) for kv in ("cat", "static")]
+    assert torch.equal(*both)
+    half = random_model(1).half()
+    both = [half.generate(PROMPT, max_new_tokens=12, kv_cache=kv, **steps.GREEDY) for kv in ("cat", "static")]
+    assert torch.equal(*both)
+
+
+def test_the_static_cache_is_written_in_place_and_reserves_its_length(model):
+    config = model.config
+    cache = StaticCache(config, 1, 20, torch.float32, "cpu")
+    before = [t.data_ptr() for t in cache.keys]
+    with torch.inference_mode():
+        out = model(PROMPT, past_key_values=cache, use_cache=True)
+        model(PROMPT[:, :1], past_key_values=out.past_key_values, use_cache=True)
+    assert out.past_key_values is cache and cache.length == PROMPT.shape[1] + 1
+    assert [t.data_ptr() for t in cache.keys] == before  # never reallocated
+    assert kv_cache_bytes(cache) == 20 * config.kv_bytes_per_token("float32")
+    with torch.inference_mode():  # its positions hold MiniMind's cache after the same two calls, bit for bit
+        reference = model(PROMPT, use_cache=True).past_key_values
+        reference = model(PROMPT[:, :1], past_key_values=reference, use_cache=True).past_key_values
+    for layer, (k, v) in enumerate(reference):
+        assert torch.equal(cache.keys[layer][:, :cache.length], k) and torch.equal(cache.values[layer][:, :cache.length], v)
+    with pytest.raises(ValueError, match="holds 20 positions; this call needs 29"):
+        with torch.inference_mode():
+            model(torch.ones(1, 20, dtype=torch.long), past_key_values=cache, use_cache=True)
+
+
+def test_the_lab_keeps_minimind_s_cache_and_an_unknown_kind_is_refused(model):
+    with steps.recording_forward(model) as calls:
+        model.generate(PROMPT, max_new_tokens=3, **steps.GREEDY)
+    assert isinstance(calls.last_output.past_key_values, list)  # per layer (K, V), grown by torch.cat
+    with pytest.raises(ValueError, match="kv_cache must be one of cat, static, got 'paged'"):
+        model.generate(PROMPT, max_new_tokens=3, kv_cache="paged", **steps.GREEDY)
+
+
+# --- the anatomy of a step --------------------------------------------------------------------------
+
+
+def test_labelled_parts_come_off_again(model):
+    originals = (engine_model.apply_rope, engine_model.extend_cache, StaticCache.write, sampling.next_token)
+    with anatomy.labelled_parts(model):
+        assert "forward" in vars(model.model.layers[0].mlp.up_proj)
+    assert (engine_model.apply_rope, engine_model.extend_cache, StaticCache.write, sampling.next_token) == originals
+    assert not any("forward" in vars(module) for module in model.modules())
+
+
+def test_the_parts_of_each_step_add_up_and_fall_where_they_should(model):
+    result = anatomy.step_anatomy(model, PROMPT[0].tolist(), 16, warmup=1, repeats=3, max_seconds=0,
+                                  profile_repeats=3, device="cpu")
+    assert result["context_tokens"] == PROMPT.shape[1] + 16 - 1  # the last step attends over P + N - 1
+    for name in ("with_cache_cat", "with_cache_static", "without_cache"):
+        step = result[name]
+        assert set(step["shares"]) == set(anatomy.PARTS)
+        assert sum(step["shares"].values()) == pytest.approx(1.0, abs=1e-9)
+        assert sum(step["ms"].values()) == pytest.approx(step["corrected_step_ms"])
+        assert step["events"] >= step["operator_calls"] and abs(step["profiler_us_per_event"]) < 50
+        assert all(step["ms"][part] >= 0 for part in anatomy.OPERATOR_PARTS)
+        assert min(step["ms"][part] for part in ("matmul", "attention", "norm", "rope", "sampling")) > 0
+        assert step["operator_calls"] > 4 * model.config.num_hidden_layers and step["step"]["n"] >= 3
+    assert result["with_cache_cat"]["ms"]["cache"] > 0 and result["with_cache_static"]["ms"]["cache"] > 0
+    assert result["without_cache"]["ms"]["cache"] == 0  # no cache, nothing appended
+
+
+def test_the_cache_curve_times_a_step_at_each_context_and_checks_the_tokens(model):
+    curve = anatomy.cache_curve(model, PROMPT[0].tolist(), [16, 40, 100], warmup=0, repeats=3, max_seconds=0,
+                                new_tokens=12, samples=3, seed=0, device="cpu")
+    assert curve["identical_tokens"] == {"greedy": True, "sampled": True, "new_tokens": 12, "sampled_rows": 3,
+                                         "all": True}
+    for kv in ("cat", "static"):
+        assert len(curve[kv]["step_ms"]) == 3 and all(row["n"] >= 3 for row in curve[kv]["steps"])
+        assert all(q1 <= m <= q3 for q1, m, q3 in zip(curve[kv]["q1_ms"], curve[kv]["step_ms"], curve[kv]["q3_ms"]))
+    ratio = curve["cat_over_static"]
+    assert ratio["low"] <= ratio["ratio"] <= ratio["high"]
+    assert curve["static_reserved_bytes"] == 100 * model.config.kv_bytes_per_token("float32")
+    with pytest.raises(ValueError, match=r"extras.step_anatomy.contexts: 5000 tokens, more than the model's "
+                                         r"max_position_embeddings \(1024\)"):
+        anatomy.cache_curve(model, PROMPT[0].tolist(), [5000], 0, 1, 0, 4, 1, 0, "cpu")
+
+
+# --- the workflow's rule ---------------------------------------------------------------------------
+
+
+def test_the_build_writes_the_anatomy_and_its_report_section(course_build):
+    data = json.loads((course_build / "results" / "step_anatomy.json").read_text(encoding="utf-8"))
+    for name in ("with_cache_cat", "with_cache_static", "without_cache"):
+        assert sum(data["anatomy"][name]["shares"].values()) == pytest.approx(1.0)
+        assert data["anatomy"][name]["step"]["n"] >= 2
+    assert data["curve"]["identical_tokens"]["all"] is True
+    report = (course_build / "results" / "report.md").read_text(encoding="utf-8")
+    section = report.split("## 한 스텝의 해부 (시트 너머)")[1].split("\n## ")[0]
+    cached = data["anatomy"]["with_cache_cat"]
+    assert f"**{100 * cached['shares']['python_dispatch']:.0f}%**" in section
+    assert "**모두 같습니다**" in section and "](figures/step_anatomy.png)" in section
+    # two tables, each a header and a separator line, then one row per step, one row per cache
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert len(table) == 9 and table[1].startswith("|---|") and table[2].startswith("| 캐시 사용 (torch.cat)")
+    assert table[5] == "| 문맥 (토큰) | 64 |" and table[7].startswith("| torch.cat (ms) |")
+
+
+def test_changing_a_knob_reruns_only_the_anatomy_and_its_readers(course_build, course):
+    config = course_config(course)
+    config["extras"] = {**config["extras"], "step_anatomy": {**config["extras"]["step_anatomy"], "contexts": [16, 80]}}
+    assert dry_run_jobs(course_build, config=config) == {"step_anatomy": 1, "figure_step_anatomy": 1, "report": 1,
+                                                        "lab_report_html": 1, "check": 1, "all": 1}
+    config["extras"]["step_anatomy"]["contexts"] = [64, 16]
+    result = snakemake(course_build, "-n", config=config, check=False)
+    assert result.returncode == 1
+    assert (result.stdout + result.stderr).strip().splitlines()[-1] == (
+        "config key 'extras.step_anatomy.contexts': [64, 16] should rise, each length once")
