@@ -252,7 +252,9 @@ def anatomy_context(data: dict, latency: dict | None) -> dict:
         **steps,
         "context_tokens": anatomy["context_tokens"],
         "profiler_us_per_event": anatomy["with_cache_cat"]["profiler_us_per_event"],
-        "outside": "most" if outside >= MOST else "small" if outside < SMALL else "large",
+        # a verdict on the sheet's explanation only from parts that add up to the step
+        "outside": ("unclear" if not anatomy["with_cache_cat"]["adds_up"]
+                    else "most" if outside >= MOST else "small" if outside < SMALL else "large"),
         "all_add_up": all(steps[name]["adds_up"] for name in steps),
         "fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
         "curve": curve,
