@@ -207,7 +207,7 @@ rule check:
         checked=(
             [
                 str(CHECKED_FOLDER / name)
-                for name in (*sheet.LAB_RESULTS.values(), sheet.REPORT_FILE)
+                for name in sheet.HANDED_IN
             ]
             if CHECKED_FOLDER.resolve() == Path("results").resolve()
             else grading.submitted_files(CHECKED_FOLDER)

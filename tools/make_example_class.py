@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-SHEET_FILES = ("same.json", "count.json", "time.json", "kvbytes.json", "temp.json", "topp.json")
+from kvlab.lab.sheet import LAB_RESULTS
 # The points and the tolerance the class is graded with: config.yaml's.
 GRADE = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text(encoding="utf-8"))["grade"]
 POINTS = GRADE["points"]
@@ -65,7 +65,7 @@ def make_class(results: Path, out: Path, tolerance: int = GRADE["temp_tolerance"
     def folder(student_id: str, report: str | None = None, encoding: str = "utf-8", **changed) -> Path:
         path = out / student_id
         path.mkdir()
-        for name in SHEET_FILES:
+        for name in LAB_RESULTS.values():
             if name in changed:
                 if changed[name] is not None:
                     text = changed[name] if isinstance(changed[name], str) else json.dumps(changed[name], indent=2)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.lab.formulas import fed_formulas
-from kvlab.lab.sheet import KV_HEADING, LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
+from kvlab.lab.sheet import HANDED_IN, KV_HEADING, LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
 from kvlab.lab.timing import UNSTABLE_IQR_SHARE
 
 # A file larger than this is not read (extras.check and grade.max_file_bytes set it).
@@ -166,13 +166,12 @@ def files(folder, settings):
     """Every file the sheet names is there, in the folder, under the cap, and readable: the JSON
     files hold a JSON object, the report is UTF-8 text."""
     problems = []
-    for file_name in (*LAB_RESULTS.values(), REPORT_FILE):
+    for file_name in HANDED_IN:
         try:
             folder.report() if file_name == REPORT_FILE else folder.json(file_name)
         except Unusable as err:
             problems.append(str(err))
-    count = len(LAB_RESULTS) + 1
-    return not problems, "; ".join(problems) or f"all {count} files present and readable"
+    return not problems, "; ".join(problems) or f"all {len(HANDED_IN)} files present and readable"
 
 
 def same_ids(folder, settings):
@@ -381,30 +380,30 @@ def _shown_forms(forms) -> str:
     return ", ".join(written[:6]) + (", ..." if len(written) > 6 else "") if written else "none"
 
 
-def report_speedup(folder, settings):
-    speedup = field(folder, "time", "speedup", "number")
+def _written_in_kv_section(folder, label: str, source: str, as_what: str, forms_of, matches):
+    """Whether the report's KV section writes `label` (from `source`) as `as_what`: among the forms
+    `forms_of(section)` finds (each ending in the text as written), one that `matches`."""
     section = kv_section(folder.report())
     if section is None:
-        return False, f"no {KV_HEADING} section to find the speedup {speedup:.3f} in"
-    forms = speedup_forms(section)
-    found = [shown for number, shown in forms if rounds_to(number, speedup, MIN_SIGNIFICANT["speedup"])]
+        return False, f"no {KV_HEADING} section to find {label} in"
+    forms = forms_of(section)
+    found = [form[-1] for form in forms if matches(form)]
     if found:
-        return True, f"speedup {speedup:.3f} found in {KV_HEADING} as {found[0]}"
-    return False, (f"speedup {speedup:.3f} (time.json) not found in {KV_HEADING} as a speedup; "
-                   f"speedups written there: {_shown_forms(forms)}")
+        return True, f"{label} found in {KV_HEADING} as {found[0]}"
+    return False, (f"{label} ({source}) not found in {KV_HEADING} as {as_what}; "
+                   f"what it writes as {as_what}: {_shown_forms(forms)}")
+
+
+def report_speedup(folder, settings):
+    speedup = field(folder, "time", "speedup", "number")
+    return _written_in_kv_section(folder, f"speedup {speedup:.3f}", "time.json", "a speedup", speedup_forms,
+                                  lambda form: rounds_to(form[0], speedup, MIN_SIGNIFICANT["speedup"]))
 
 
 def report_measured_bytes(folder, settings):
     measured = field(folder, "kvbytes", "measured_bytes", "int")
-    section = kv_section(folder.report())
-    if section is None:
-        return False, f"no {KV_HEADING} section to find measured_bytes {measured:,} in"
-    forms = byte_forms(section)
-    found = [shown for number, unit, shown in forms if _bytes_match(number, unit, measured)]
-    if found:
-        return True, f"measured_bytes {measured:,} found in {KV_HEADING} as {found[0]}"
-    return False, (f"measured_bytes {measured:,} (kvbytes.json) not found in {KV_HEADING} as bytes; "
-                   f"bytes written there: {_shown_forms(forms)}")
+    return _written_in_kv_section(folder, f"measured_bytes {measured:,}", "kvbytes.json", "bytes", byte_forms,
+                                  lambda form: _bytes_match(form[0], form[1], measured))
 
 
 # name -> (rule, what it grades, in a line)

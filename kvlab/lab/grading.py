@@ -21,12 +21,11 @@ from pathlib import Path
 import jsonschema
 
 from kvlab.lab.check import RULES, Settings, check_results
-from kvlab.lab.sheet import LAB_RESULTS, REPORT_FILE
+from kvlab.lab.sheet import HANDED_IN
 
 REQUIRED_COLUMNS = ("student_id", "results")
 # A student id names a folder under results/class/ and a Snakemake wildcard: letters, digits, . _ -
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-SUBMITTED_FILES = (*LAB_RESULTS.values(), REPORT_FILE)
 NO_SUBMISSION = "no submission"
 
 
@@ -93,7 +92,7 @@ def submitted_files(folder) -> list[str]:
         return []
     root = folder.resolve()
     found = []
-    for name in SUBMITTED_FILES:
+    for name in HANDED_IN:
         path = folder / name
         if path.is_symlink() and not path.resolve().is_relative_to(root):
             continue

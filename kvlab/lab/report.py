@@ -484,7 +484,8 @@ def class_page(template_path, graded: list[dict], figure_paths, language: str) -
     summary = {"students": len(grades), "handed_in": sum(1 for r in graded if r["extra_data"]["submitted"]),
                "max_score": grades[0]["max_score"], "median": median,
                "full_marks": sum(1 for row in grades if row["score"] == row["max_score"])}
-    students = [{**row, "failed": [test for test in result["tests"] if test["status"] == "failed"]}
+    students = [{**row, "submitted": result["extra_data"]["submitted"],
+                 "failed": [test for test in result["tests"] if test["status"] == "failed"]}
                 for row, result in zip(grades, graded)]
     return sandboxed_template(template_path, autoescape=True).render(
         lang=language, summary=summary, tests=pass_rate_rows(graded), students=students, figures=figures)

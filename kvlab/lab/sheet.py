@@ -20,3 +20,5 @@ LAB_RESULTS = {
 REPORT_FILE = "report.md"
 KV_HEADING = "## KV 캐시"  # the section that must hold step 3's speedup and step 4's measured_bytes
 REPORT_HEADINGS = (KV_HEADING, "## 온도", "## top-p")
+# Everything a student hands in: the six result files and the report.
+HANDED_IN = (*LAB_RESULTS.values(), REPORT_FILE)
