@@ -205,10 +205,7 @@ rule check:
         # this build's results wait for their jobs; another folder's files are taken as they are
         # (one missing is a rule's verdict, not Snakemake's MissingInputException)
         checked=(
-            [
-                str(CHECKED_FOLDER / name)
-                for name in sheet.HANDED_IN
-            ]
+            [str(CHECKED_FOLDER / name) for name in sheet.HANDED_IN]
             if CHECKED_FOLDER.resolve() == Path("results").resolve()
             else grading.submitted_files(CHECKED_FOLDER)
         ),
