@@ -100,7 +100,8 @@ SMALL_EXTRAS = {
     # the course's 8 validation documents bound the distinct batch and the requests
     "batch": {"prompt_tokens": 20, "new_tokens": 4, "sizes": [1, 2, 4], "warmup": 0, "repeats": 1},
     "kv_waste": {"requests": 6, "prompt_cap": 16, "answer_cap": 8},
-    "step_anatomy": {"warmup": 1, "repeats": 2, "profile_repeats": 2, "contexts": [64], "samples": 2, "seed": 0},
+    "step_anatomy": {"warmup": 1, "repeats": 2, "rounds": 1, "profile_repeats": 2, "contexts": [64], "samples": 2, "seed": 0,
+                     "compile": None},
 }
 
 

@@ -44,7 +44,7 @@ def limits(schema: dict) -> str:
     kinds = " or ".join(kinds) if isinstance(kinds, list) else kinds
     words = [kinds] if kinds else []
     if "enum" in schema:
-        words = ["one of " + ", ".join(f"`{value}`" for value in schema["enum"])]
+        words = ["one of " + ", ".join(f"`{'null' if value is None else value}`" for value in schema["enum"])]
     for keyword, sign in (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤")):
         if keyword in schema:
             words.append(f"{sign} {schema[keyword]}")

@@ -116,14 +116,17 @@ TEXT = {
         "part_cache": "cache append",
         "part_sampling": "sampling",
         "part_other_operators": "other operators",
-        "part_python_dispatch": "Python and dispatch",
+        "part_fixed": "fixed cost (the shrunk copy's step, unprofiled)",
         "step_cat": "with cache (torch.cat)",
         "step_static": "with cache (preallocated)",
         "step_uncached": "without cache",
-        "profiled_ms": "step time by part (ms; profiled, the profiler's own cost taken off)",
+        "profiled_ms": "step time by part (ms): fixed cost + computation (profiled, the shrunk copy's taken off)",
+        "unprofiled_step": "the step timed without the profiler (median, quartiles)",
+        "anatomy_label": "sum {sum:.2f} ms: fixed {fixed:.0f}%, {off:+.0f}% off the mark",
         "anatomy_title": "The lab's last step ({context} tokens of context), opened",
         "cache_cat": "MiniMind's cache (torch.cat every step)",
         "cache_static": "preallocated, written in place",
+        "cache_compiled": "preallocated, forward compiled ({mode})",
         "curve_title": "One decode step as the cache fills",
         "cache_context": "context: tokens in the cache + the one fed",
         "decode_step_ms": "decode step (ms)",
@@ -210,14 +213,17 @@ TEXT = {
         "part_cache": "캐시 잇기",
         "part_sampling": "샘플링",
         "part_other_operators": "그 밖의 연산",
-        "part_python_dispatch": "파이썬과 디스패치",
+        "part_fixed": "고정 비용 (줄인 사본의 스텝, 프로파일 없이)",
         "step_cat": "캐시 사용 (torch.cat)",
         "step_static": "캐시 사용 (미리 잡음)",
         "step_uncached": "캐시 없음",
-        "profiled_ms": "부분별 스텝 시간 (ms; 프로파일러 자체 비용을 뺌)",
+        "profiled_ms": "부분별 스텝 시간 (ms): 고정 비용 + 계산 (프로파일, 줄인 사본의 것을 뺌)",
+        "unprofiled_step": "프로파일 없이 잰 스텝 (중앙값, 사분위)",
+        "anatomy_label": "합 {sum:.2f} ms: 고정 {fixed:.0f}%, 표시와 {off:+.0f}% 차이",
         "anatomy_title": "실험의 마지막 스텝(문맥 {context}토큰)을 열어 보면",
         "cache_cat": "MiniMind의 캐시 (스텝마다 torch.cat)",
         "cache_static": "미리 잡아 제자리에 쓰는 캐시",
+        "cache_compiled": "미리 잡은 캐시, forward 컴파일 ({mode})",
         "curve_title": "캐시가 찰수록 디코딩 한 스텝",
         "cache_context": "문맥: 캐시에 든 토큰 + 넣는 토큰",
         "decode_step_ms": "디코딩 한 스텝 (ms)",
@@ -578,38 +584,51 @@ def class_tests(rows: list[dict], path, language: str = "en") -> None:
         _save(fig, path)
 
 
-ANATOMY_COLORS = {"matmul": "tab:blue", "attention": "tab:orange", "norm": "tab:green", "rope": "tab:purple",
-                  "cache": "tab:red", "sampling": "tab:brown", "other_operators": "tab:gray",
-                  "python_dispatch": "lightgray"}
+ANATOMY_COLORS = {"fixed": "lightgray", "matmul": "tab:blue", "attention": "tab:orange", "norm": "tab:green",
+                  "rope": "tab:purple", "cache": "tab:red", "sampling": "tab:brown", "other_operators": "tab:gray"}
+CURVE_STYLES = (("cat", WITH_CACHE_COLOR, "o"), ("static", "tab:green", "s"), ("compiled", "tab:purple", "^"))
 
 
 def step_anatomy_figure(data: dict, path, language: str = "en") -> None:
-    """Left: the lab's last step, three ways, as stacked bars of milliseconds by part (profiled).
-    Right: every step of a long generation against its context length, with each cache."""
+    """Left: the lab's last step, three ways, as stacked bars of milliseconds by part (fixed cost, then
+    the computation by what it does), each with the step timed without the profiler as a black mark
+    and its quartiles: where the bar ends by the mark, the parts add up. Right: one decode step
+    against its context length, with each cache (and compiled, when it ran)."""
     anatomy, curve = data["anatomy"], data["curve"]
-    steps = (("with_cache_cat", "step_cat"), ("with_cache_static", "step_static"), ("without_cache", "step_uncached"))
+    labels = {"with_cache_cat": "step_cat", "with_cache_static": "step_static", "without_cache": "step_uncached"}
+    names = anatomy["steps"]
     with _drawing(language) as text:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [1.1, 1]})
-        positions = np.arange(len(steps))[::-1]
-        ends = np.zeros(len(steps))
-        for part, color in ANATOMY_COLORS.items():
-            widths = np.array([anatomy[name]["ms"][part] for name, _ in steps])
-            left.barh(positions, widths, 0.6, left=ends, color=color, label=text(f"part_{part}"))
+        fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [1.2, 1]})
+        positions = np.arange(len(names))[::-1]
+        ends = np.zeros(len(names))
+        for part in anatomy["parts"]:
+            widths = np.array([anatomy[name]["ms"][part] for name in names])
+            left.barh(positions, widths, 0.6, left=ends, color=ANATOMY_COLORS[part], label=text(f"part_{part}"))
             ends += widths
-        for y, end, (name, _) in zip(positions, ends, steps):
-            share = anatomy[name]["shares"]["python_dispatch"]
-            left.annotate(f"{anatomy[name]['corrected_step_ms']:.2f} ms ({100 * share:.0f}%)", (end, y),
-                          textcoords="offset points", xytext=(3, 0), va="center", fontsize=8)
-        left.set_yticks(positions, [text(label) for _, label in steps], fontsize=8)
-        left.set_xlim(0, ends.max() * 1.3)
-        left.set_xlabel(text("profiled_ms"))
+        measured = np.array([anatomy[name]["step_ms"] for name in names])
+        spread = [measured - [anatomy[name]["step"]["q1_s"] * 1e3 for name in names],
+                  [anatomy[name]["step"]["q3_s"] * 1e3 for name in names] - measured]
+        left.errorbar(measured, positions + 0.4, xerr=spread, fmt="v", color="black", capsize=3, ms=6,
+                      label=text("unprofiled_step"))
+        for y, end, name in zip(positions, ends, names):
+            step = anatomy[name]
+            left.annotate(text("anatomy_label", sum=end, fixed=100 * step["shares"]["fixed"],
+                               off=100 * step["sum_of_parts_off"]),
+                          (max(end, step["step"]["q3_s"] * 1e3), y), textcoords="offset points", xytext=(4, 0),
+                          va="center", fontsize=8)
+        left.set_yticks(positions, [text(labels[name]) for name in names], fontsize=8)
+        left.set_xlim(0, max(ends.max(), measured.max()) * 1.9)
+        left.set_xlabel(text("profiled_ms"), fontsize=8)
         left.set_title(text("anatomy_title", context=anatomy["context_tokens"]))
-        left.legend(fontsize=7, loc="upper right")
-        for kv_cache, color, marker in (("cat", WITH_CACHE_COLOR, "o"), ("static", "tab:green", "s")):
-            row = curve[kv_cache]
+        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+        for kind, color, marker in CURVE_STYLES:
+            if kind not in curve:
+                continue
+            row = curve[kind]
             median = np.array(row["step_ms"])
             right.errorbar(curve["contexts"], median, yerr=[median - np.array(row["q1_ms"]), np.array(row["q3_ms"]) - median],
-                           color=color, marker=marker, capsize=3, lw=1, label=text(f"cache_{kv_cache}"))
+                           color=color, marker=marker, capsize=3, lw=1,
+                           label=text(f"cache_{kind}", mode=row.get("mode")))
         right.set_xlabel(text("cache_context"))
         right.set_ylabel(text("decode_step_ms"))
         right.set_title(text("curve_title"))

@@ -227,41 +227,54 @@ def extras_context(results: dict, timing: dict) -> dict:
     return context
 
 
-# Of a cached step's time, the share outside every operator above which the report calls it most of
-# the step, and below which a small part.
+# Of a cached step's time, the fixed share above which the report calls it most of the step, and
+# below which a small part.
 MOST, SMALL = 0.5, 0.25
 
 
 def anatomy_context(data: dict, latency: dict | None) -> dict:
     """step_anatomy.json for the prose: the three steps' parts (shares in %, the order of the largest
-    operator parts), whether the sheet's "fixed cost per step (Python and kernel calls)" is most, a
-    large part or a small part of a cached step, the per-step fit's fixed cost beside it (when the
-    latency split ran), and where the preallocated cache's last steps lie against MiniMind's."""
+    computations, the fixed cost per operator call), whether the sheet's "fixed cost per step
+    (Python and kernel calls)" is most, a large part or a small part of a cached step (judged only
+    when the cached step's parts add up), the per-step fit's fixed cost beside it (when the latency
+    split ran), and where the preallocated (and compiled) steps lie against the others."""
     anatomy, curve = data["anatomy"], data["curve"]
+    names = anatomy["steps"]
     steps = {}
-    for name in ("with_cache_cat", "with_cache_static", "without_cache"):
+    for name in names:
         step = anatomy[name]
-        operators = {part: share for part, share in step["shares"].items() if part != "python_dispatch"}
-        inside_ms = step["corrected_step_ms"] - step["ms"]["python_dispatch"]
+        computed = {part: step["shares"][part] for part in anatomy["compute_parts"]}
         steps[name] = {**step, "percent": {part: 100 * share for part, share in step["shares"].items()},
-                       "largest": sorted(operators, key=operators.get, reverse=True)[:3],
-                       "us_per_call": 1e3 * inside_ms / step["operator_calls"] if step["operator_calls"] else 0.0}
-    outside = anatomy["with_cache_cat"]["shares"]["python_dispatch"]
+                       "off_percent": 100 * step["sum_of_parts_off"],
+                       "largest": sorted(computed, key=computed.get, reverse=True)[:3],
+                       "us_per_call": 1e3 * step["ms"]["fixed"] / step["operator_calls"] if step["operator_calls"] else 0.0}
+    cached = anatomy["with_cache_cat"]
+    fixed = cached["shares"]["fixed"]
     cat, static = curve["cat"]["steps"][-1], curve["static"]["steps"][-1]
+    compiled = curve.get("compiled")
     return {
         **steps,
+        "steps": names,
         "context_tokens": anatomy["context_tokens"],
-        "profiler_us_per_event": anatomy["with_cache_cat"]["profiler_us_per_event"],
+        "shrunk_sizes": anatomy["shrunk_sizes"],
+        "pairs": anatomy["profiled_pairs"],
         # a verdict on the sheet's explanation only from parts that add up to the step
-        "outside": ("unclear" if not anatomy["with_cache_cat"]["adds_up"]
-                    else "most" if outside >= MOST else "small" if outside < SMALL else "large"),
+        "verdict": ("unclear" if not cached["adds_up"]
+                    else "most" if fixed >= MOST else "small" if fixed < SMALL else "large"),
         "all_add_up": all(steps[name]["adds_up"] for name in steps),
+        "not_adding_up": [name for name in names if not steps[name]["adds_up"]],
+        "other_operators": [name for name in names if not steps[name]["same_operators"]],
         "fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
         "curve": curve,
         "cat_ms": cat["median_s"] * 1e3, "static_ms": static["median_s"] * 1e3,
         "longest": curve["contexts"][-1],
         # cat / static: "above" 1 when MiniMind's cache is slower, "below" when faster, "within" can't tell
         "static_vs_cat": against((curve["cat_over_static"]["low"], curve["cat_over_static"]["high"]), 1.0),
+        "compiled": compiled,
+        "compiled_same_token": all(compiled["same_next_token"]) if compiled else None,
+        "compiled_max_difference": max(compiled["max_logit_difference"]) if compiled else None,
+        "compiled_vs_static": (against((curve["static_over_compiled"]["low"], curve["static_over_compiled"]["high"]), 1.0)
+                               if compiled else None),
     }
 
 
@@ -375,10 +388,10 @@ def unstable_timings(context: dict) -> list[dict]:
     anatomy = context.get("anatomy")
     if anatomy:
         found += [{"what": "anatomy", "mode": name, "share": anatomy[name]["step"]["iqr_share"]}
-                  for name in ("with_cache_cat", "with_cache_static", "without_cache") if anatomy[name]["step"]["unstable"]]
-        found += [{"what": "anatomy", "mode": f"{kv_cache} @ {context}", "share": row["iqr_share"]}
-                  for kv_cache in ("cat", "static")
-                  for context, row in zip(anatomy["curve"]["contexts"], anatomy["curve"][kv_cache]["steps"])
+                  for name in anatomy["steps"] if anatomy[name]["step"]["unstable"]]
+        found += [{"what": "anatomy", "mode": f"{kind} @ {context}", "share": row["iqr_share"]}
+                  for kind in ("cat", "static", "compiled") if kind in anatomy["curve"]
+                  for context, row in zip(anatomy["curve"]["contexts"], anatomy["curve"][kind]["steps"])
                   if row["unstable"]]
     return found
 

@@ -41,10 +41,10 @@ def recording_forward(model: MiniMindForCausalLM, observe=None):
 
     def forward(input_ids, *args, **kwargs):
         calls.fed_lengths.append(int(input_ids.shape[1]))
-        _sync(input_ids.device)
+        sync(input_ids.device)
         start = time.perf_counter()
         output = original(input_ids, *args, **kwargs)
-        _sync(input_ids.device)
+        sync(input_ids.device)
         calls.seconds.append(time.perf_counter() - start)
         calls.last_output = output
         if observe is not None:
@@ -108,7 +108,8 @@ def greedy_with_and_without_cache(model: MiniMindForCausalLM, prompt_ids: list[i
     return same, count
 
 
-def _sync(device) -> None:
+def sync(device) -> None:
+    """Wait for the device's queued work (a GPU's; nothing on the CPU), before a clock is read."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
@@ -130,7 +131,7 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
     for label, use_cache in MODES:
         def run():
             model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
-            _sync(device)
+            sync(device)
 
         for _ in range(warmup):
             run()
