@@ -10,7 +10,7 @@ from kvlab.engine import sampling
 from kvlab.engine.model import StaticCache, kv_cache_bytes, left_pad
 from kvlab.lab import anatomy, steps
 
-from helpers import course_config, dry_run_jobs, random_model, snakemake
+from helpers import ROOT, course_config, dry_run_jobs, random_model, snakemake
 
 PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11]])
 
@@ -189,6 +189,35 @@ def test_the_build_writes_the_anatomy_and_its_report_section(course_build):
     table = [line for line in section.splitlines() if line.startswith("|")]
     assert len(table) == 9 and table[1].startswith("|---|") and table[2].startswith("| 캐시 사용 (torch.cat)")
     assert table[5] == "| 문맥 (토큰) | 64 |" and table[7].startswith("| torch.cat (ms) |")
+
+
+@pytest.mark.parametrize("language", ["ko", "en"])
+def test_a_compiled_curve_gets_its_paragraph_from_its_numbers(course_build, tmp_path, language):
+    from kvlab.lab import timing
+    from kvlab.lab.report import render_report
+    from test_workflow import REPORT_INPUTS
+
+    results = course_build / "results"
+    data = json.loads((results / "step_anatomy.json").read_text(encoding="utf-8"))
+    fixed_s = data["anatomy"]["with_cache_static"]["ms"]["fixed"] / 1e3
+    compiled = timing.summary([fixed_s / 10 * f for f in (0.9, 1.0, 1.1)])  # far under the eager fixed cost
+    data["curve"]["compiled"] = {**anatomy._summarised([compiled], data["curve"]["contexts"]), "mode": "default",
+                                 "first_call_s": [15.0], "same_next_token": [True], "max_logit_difference": [2e-6]}
+    data["curve"]["static_over_compiled"] = timing.ratio_interval(data["curve"]["static"]["steps"][-1], compiled)
+    paths = {name: results / f"{stem}.json" for name, stem in REPORT_INPUTS.items()}
+    paths["step_anatomy"] = tmp_path / "step_anatomy.json"
+    paths["step_anatomy"].write_text(json.dumps(data), encoding="utf-8")
+    paths["figure_step_anatomy"] = results / "figures" / "step_anatomy.png"
+    report = render_report(ROOT / "templates" / "report.md.j2", paths, language)
+    row = [line for line in report.splitlines() if line.startswith("| 미리 잡음, 컴파일" if language == "ko" else
+                                                                      "| preallocated, compiled")]
+    assert row == [f"| {'미리 잡음, 컴파일' if language == 'ko' else 'preallocated, compiled'} (ms) | "
+                   f"{1e3 * compiled['median_s']:.3f} ({1e3 * compiled['q1_s']:.3f}–{1e3 * compiled['q3_s']:.3f}) |"]
+    if language == "ko":
+        assert "64토큰에서 15.0초" in report and "고정 비용 자체를 줄였습니다" in report
+    else:
+        assert "15.0 s at 64 tokens" in report and "compiling cut the fixed cost itself" in report
+        assert "the next token was the eager step's at every context" in report.lower()
 
 
 def test_changing_a_knob_reruns_only_the_anatomy_and_its_readers(course_build, course):

@@ -273,6 +273,9 @@ def anatomy_context(data: dict, latency: dict | None) -> dict:
         "compiled": compiled,
         "compiled_same_token": all(compiled["same_next_token"]) if compiled else None,
         "compiled_max_difference": max(compiled["max_logit_difference"]) if compiled else None,
+        # compiled at the shortest context, even its third quartile under the eager step's fixed cost:
+        # compiling cut the fixed cost itself, not only the arithmetic
+        "compiled_under_fixed": bool(compiled and compiled["q3_ms"][0] < anatomy["with_cache_static"]["ms"]["fixed"]),
         "compiled_vs_static": (against((curve["static_over_compiled"]["low"], curve["static_over_compiled"]["high"]), 1.0)
                                if compiled else None),
     }
