@@ -157,8 +157,9 @@ def test_the_cache_curve_times_a_step_at_each_context_and_checks_the_tokens(mode
         anatomy.cache_curve(model, PROMPT[0].tolist(), [5000], 0, 1, 0, 4, 1, 0, "cpu")
 
 
-def test_a_compiled_step_is_timed_apart_from_its_compiling(model):
-    # one context: compiling takes some 15 s on two cores
+def test_a_compiled_step_is_timed_apart_from_its_compiling():
+    # one layer and one context: compiling takes some 15 s on two cores
+    model = random_model(0, num_hidden_layers=1)
     curve = anatomy.cache_curve(model, PROMPT[0].tolist(), [24], warmup=0, repeats=2, max_seconds=0, new_tokens=4,
                                 samples=1, seed=0, device="cpu", compile_mode="default")
     compiled = curve["compiled"]

@@ -4,6 +4,7 @@ MiniMind's own code is not in this repository. tests/fake_minimind/model_minimin
 it: MiniMind's interface over kvlab's engine, so unchanged it must agree everywhere, and an altered
 copy (one knob changed) must be reported at the place the change shows first."""
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -207,8 +208,11 @@ def fidelity_config(course, source, **changes):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, course):
-    workdir = tmp_path_factory.mktemp("fidelity")
+def built(tmp_path_factory, course, course_build):
+    """The shared build (tests/conftest.py), copied with its times, then built again with minimind_src
+    set: the fidelity job and what reads it run, the lab's steps are already there."""
+    workdir = tmp_path_factory.mktemp("fidelity") / "run"
+    shutil.copytree(course_build, workdir, symlinks=True)
     snakemake(workdir, config=fidelity_config(course, FAKE))
     return workdir
 
