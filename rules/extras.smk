@@ -80,8 +80,9 @@ rule latency:
         "../scripts/latency.py"
 
 
-# Where a step's time goes (torch.profiler) and MiniMind's torch.cat cache against one allocated
-# once and written in place (kvlab.lab.anatomy); the lab's own steps keep MiniMind's cache.
+# Where a step's time goes (a shrunk copy of the model for the fixed cost, torch.profiler for the
+# computation) and MiniMind's torch.cat cache against one allocated once and written in place
+# (kvlab.lab.anatomy); the lab's own steps keep MiniMind's cache.
 rule step_anatomy:
     input:
         **checkpoint_inputs("pretrain"),

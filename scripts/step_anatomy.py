@@ -23,11 +23,9 @@ def main(snakemake):
                  ", ".join(f"{part} {100 * step['shares'][part]:.1f}%" for part in PARTS))
     curve = cache_curve(model, prompt, p.contexts, p.warmup, p.repeats, p.max_seconds, p.new_tokens, p.samples,
                         p.seed, device, compile_mode=p.compile)
-    for kind in ("cat", "static", "compiled"):
-        if kind in curve:
-            log.info("%s: %s ms at contexts %s; %.3f ms more per 1,000 tokens", kind,
-                     ", ".join(f"{ms:.3f}" for ms in curve[kind]["step_ms"]), p.contexts,
-                     curve[kind]["ms_per_1000_context"])
+    for kind in curve["kinds"]:
+        log.info("%s: %s ms at contexts %s; %.3f ms more per 1,000 tokens", kind,
+                 ", ".join(f"{ms:.3f}" for ms in curve[kind]["step_ms"]), p.contexts, curve[kind]["ms_per_1000_context"])
     if "compiled" in curve:
         log.info("compiled (%s): first calls %s s; same next token %s", p.compile,
                  ", ".join(f"{s:.1f}" for s in curve["compiled"]["first_call_s"]), curve["compiled"]["same_next_token"])

@@ -204,6 +204,7 @@ def test_a_compiled_curve_gets_its_paragraph_from_its_numbers(course_build, tmp_
     compiled = timing.summary([fixed_s / 10 * f for f in (0.9, 1.0, 1.1)])  # far under the eager fixed cost
     data["curve"]["compiled"] = {**anatomy._summarised([compiled], data["curve"]["contexts"]), "mode": "default",
                                  "first_call_s": [15.0], "same_next_token": [True], "max_logit_difference": [2e-6]}
+    data["curve"]["kinds"].append("compiled")
     data["curve"]["static_over_compiled"] = timing.ratio_interval(data["curve"]["static"]["steps"][-1], compiled)
     paths = {name: results / f"{stem}.json" for name, stem in REPORT_INPUTS.items()}
     paths["step_anatomy"] = tmp_path / "step_anatomy.json"

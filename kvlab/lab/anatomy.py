@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 from contextlib import ExitStack, contextmanager
 
 import numpy as np
@@ -48,8 +49,10 @@ STEPS = ("with_cache_cat", "with_cache_static", "without_cache")
 # repeat_kv's reshape is a view instead of a copy, and the copy would call other operators.
 SHRUNK_SIZES = {"hidden_size": 8, "head_dim": 2, "intermediate_size": 8}
 SCOPE = "kvlab::"
-# generate's greedy choice, as steps 1-3 make it (its default temperature, divided by and then argmax'd)
-GREEDY_KNOBS = dict(temperature=0.85, top_k=0, top_p=1.0, repetition_penalty=1.0, do_sample=False)
+# generate's knobs as steps 1-3 set them (kvlab.lab.steps.GREEDY), generate's own defaults for the rest
+_GENERATE = inspect.signature(MiniMindForCausalLM.generate).parameters
+GREEDY_KNOBS = {knob: steps.GREEDY.get(knob, _GENERATE[knob].default)
+                for knob in ("temperature", "top_k", "top_p", "repetition_penalty", "do_sample")}
 # The parts' sum may differ from the step timed without the profiler by this share and still "add up".
 ADDS_UP_WITHIN = 0.10
 
@@ -336,7 +339,9 @@ def cache_curve(model, prompt_ids: list[int], contexts, warmup: int, repeats: in
             rows.append(timing.summary(timing.repeat(step, repeats, max_seconds)))
         result[kv_cache] = _summarised(rows, contexts)
     result["cat_over_static"] = timing.ratio_interval(result["cat"]["steps"][-1], result["static"]["steps"][-1])
+    result["kinds"] = list(KV_CACHES)
     if compile_mode:
+        result["kinds"].append("compiled")
         result["compiled"] = _compiled_curve(model, at_context, warmup, repeats, max_seconds, compile_mode, device)
         result["static_over_compiled"] = timing.ratio_interval(result["static"]["steps"][-1],
                                                                result["compiled"]["steps"][-1])

@@ -586,7 +586,7 @@ def class_tests(rows: list[dict], path, language: str = "en") -> None:
 
 ANATOMY_COLORS = {"fixed": "lightgray", "matmul": "tab:blue", "attention": "tab:orange", "norm": "tab:green",
                   "rope": "tab:purple", "cache": "tab:red", "sampling": "tab:brown", "other_operators": "tab:gray"}
-CURVE_STYLES = (("cat", WITH_CACHE_COLOR, "o"), ("static", "tab:green", "s"), ("compiled", "tab:purple", "^"))
+CURVE_STYLES = {"cat": (WITH_CACHE_COLOR, "o"), "static": ("tab:green", "s"), "compiled": ("tab:purple", "^")}
 
 
 def step_anatomy_figure(data: dict, path, language: str = "en") -> None:
@@ -621,9 +621,8 @@ def step_anatomy_figure(data: dict, path, language: str = "en") -> None:
         left.set_xlabel(text("profiled_ms"), fontsize=8)
         left.set_title(text("anatomy_title", context=anatomy["context_tokens"]))
         left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
-        for kind, color, marker in CURVE_STYLES:
-            if kind not in curve:
-                continue
+        for kind in curve["kinds"]:
+            color, marker = CURVE_STYLES[kind]
             row = curve[kind]
             median = np.array(row["step_ms"])
             right.errorbar(curve["contexts"], median, yerr=[median - np.array(row["q1_ms"]), np.array(row["q3_ms"]) - median],

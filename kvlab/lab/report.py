@@ -250,7 +250,6 @@ def anatomy_context(data: dict, latency: dict | None) -> dict:
                        "us_per_call": 1e3 * step["ms"]["fixed"] / step["operator_calls"] if step["operator_calls"] else 0.0}
     cached = anatomy["with_cache_cat"]
     fixed = cached["shares"]["fixed"]
-    cat, static = curve["cat"]["steps"][-1], curve["static"]["steps"][-1]
     compiled = curve.get("compiled")
     return {
         **steps,
@@ -264,9 +263,8 @@ def anatomy_context(data: dict, latency: dict | None) -> dict:
         "all_add_up": all(steps[name]["adds_up"] for name in steps),
         "not_adding_up": [name for name in names if not steps[name]["adds_up"]],
         "other_operators": [name for name in names if not steps[name]["same_operators"]],
-        "fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
+        "fit_fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
         "curve": curve,
-        "cat_ms": cat["median_s"] * 1e3, "static_ms": static["median_s"] * 1e3,
         "longest": curve["contexts"][-1],
         # cat / static: "above" 1 when MiniMind's cache is slower, "below" when faster, "within" can't tell
         "static_vs_cat": against((curve["cat_over_static"]["low"], curve["cat_over_static"]["high"]), 1.0),
@@ -393,7 +391,7 @@ def unstable_timings(context: dict) -> list[dict]:
         found += [{"what": "anatomy", "mode": name, "share": anatomy[name]["step"]["iqr_share"]}
                   for name in anatomy["steps"] if anatomy[name]["step"]["unstable"]]
         found += [{"what": "anatomy", "mode": f"{kind} @ {context}", "share": row["iqr_share"]}
-                  for kind in ("cat", "static", "compiled") if kind in anatomy["curve"]
+                  for kind in anatomy["curve"]["kinds"]
                   for context, row in zip(anatomy["curve"]["contexts"], anatomy["curve"][kind]["steps"])
                   if row["unstable"]]
     return found
