@@ -6,10 +6,9 @@
 
 rule inspect_checkpoint:
     input:
-        unpack(tokenizer_inputs),
+        # the validation text: a head count is measured on it, when the file does not reveal one
+        **inputs("tokenizer", "val_data"),
         checkpoint=lambda wildcards: CHECKPOINTS[wildcards.name]["path"],
-        # a head count is measured on it, when the file does not reveal one
-        val_data=input_path("val_data"),
     output:
         inspection="results/checkpoints/{name}.json",
     log:

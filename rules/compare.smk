@@ -1,12 +1,22 @@
-# Several models measured the same way (kvlab.lab.cost): one job per model in config["compare"],
+# Several models measured the same way (kvlab.measure.cost): one job per model in config["compare"],
 # the lab's own pretrained model first as "lab", then a table, a figure and a report section.
 # Each job's params hold its own entry only, so adding or removing a model reruns that model's job
 # and what collects the rows, never the other models' jobs.
 
 
+# The device a compared model runs on: its entry's, or the config's.
+COMPARE_DEVICE = lambda wildcards: COMPARE_ENTRIES[wildcards.name].get(
+    "device", config["device"]
+)
+
+
 rule compare_cost:
     input:
-        unpack(compare_inputs),
+        unpack(
+            lambda wildcards: lab_config.compare_inputs(
+                COMPARE_ENTRIES[wildcards.name], CHECKPOINTS, RESULTS["prompt"].path
+            )
+        ),
     output:
         cost="results/compare/{name}/cost.json",
     log:
@@ -18,13 +28,17 @@ rule compare_cost:
     # The clock must not share the CPU with other jobs: take every core.
     threads: all_cores
     resources:
-        **compare_job(),
+        **resources.asked_by_weights(
+            lambda wildcards, input: lab_config.compare_weight_bytes(
+                COMPARE_ENTRIES[wildcards.name], input.get("checkpoint")
+            ),
+            COMPARE_DEVICE,
+            timed=True,
+        ),
     params:
         **timing_params(),
         entry=lambda wildcards: COMPARE_ENTRIES[wildcards.name],
-        device=lambda wildcards: COMPARE_ENTRIES[wildcards.name].get(
-            "device", config["device"]
-        ),
+        device=COMPARE_DEVICE,
         dtype=lambda wildcards: COMPARE_ENTRIES[wildcards.name].get(
             "dtype", config["dtype"]
         ),
@@ -38,12 +52,7 @@ rule compare_table:
     input:
         costs=expand("results/compare/{name}/cost.json", name=COMPARE_ENTRIES),
     output:
-        table=report(
-            EXTRA_RESULTS["compare"],
-            caption="../report/compare.rst",
-            category="Beyond the lab",
-            subcategory="Model comparison",
-        ),
+        compare=reported("compare"),
     log:
         "results/logs/compare_table.log",
     threads: 1

@@ -7,14 +7,17 @@
 # on two threads, and a fixed thread count keeps the weights the same whatever --cores.
 
 DEFAULT_MODEL = config["default_model"]
-DEFAULT_MODEL_DIR = "results/default"
+# Its files are the inputs the lab reads when the config names none (kvlab.config.DEFAULT_INPUTS).
+DEFAULT_DIR = Path(lab_config.DEFAULT_INPUTS["pretrain"]).parent
+DEFAULT_CORPUS = Path(lab_config.DEFAULT_INPUTS["val_data"]).parent
+DEFAULT_TOKENIZER = lab_config.DEFAULT_INPUTS["tokenizer"]
 
 
 rule corpus:
     output:
-        train=f"{DEFAULT_MODEL_DIR}/corpus/pretrain_train.jsonl",
-        val=f"{DEFAULT_MODEL_DIR}/corpus/pretrain_val.jsonl",
-        sft=f"{DEFAULT_MODEL_DIR}/corpus/sft.jsonl",
+        train=f"{DEFAULT_CORPUS}/pretrain_train.jsonl",
+        val=lab_config.DEFAULT_INPUTS["val_data"],
+        sft=f"{DEFAULT_CORPUS}/sft.jsonl",
     log:
         "results/logs/corpus.log",
     benchmark:
@@ -36,8 +39,7 @@ rule tokenizer:
         train=rules.corpus.output.train,
         sft=rules.corpus.output.sft,
     output:
-        tokenizer=f"{DEFAULT_MODEL_DIR}/tokenizer/tokenizer.json",
-        tokenizer_config=f"{DEFAULT_MODEL_DIR}/tokenizer/tokenizer_config.json",
+        **lab_config.tokenizer_files(DEFAULT_TOKENIZER, given=False),
     log:
         "results/logs/tokenizer.log",
     benchmark:
@@ -58,8 +60,8 @@ rule pretrain:
         train=rules.corpus.output.train,
         val=rules.corpus.output.val,
     output:
-        model=f"{DEFAULT_MODEL_DIR}/pretrain.pth",
-        metrics=f"{DEFAULT_MODEL_DIR}/pretrain_metrics.json",
+        model=lab_config.DEFAULT_INPUTS["pretrain"],
+        metrics=f"{DEFAULT_DIR}/pretrain_metrics.json",
     log:
         "results/logs/pretrain.log",
     benchmark:
@@ -85,8 +87,8 @@ rule sft:
         tokenizer_config=rules.tokenizer.output.tokenizer_config,
         sft=rules.corpus.output.sft,
     output:
-        model=f"{DEFAULT_MODEL_DIR}/sft.pth",
-        metrics=f"{DEFAULT_MODEL_DIR}/sft_metrics.json",
+        model=lab_config.DEFAULT_INPUTS["sft"],
+        metrics=f"{DEFAULT_DIR}/sft_metrics.json",
     log:
         "results/logs/sft.log",
     benchmark:

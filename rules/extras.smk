@@ -1,36 +1,17 @@
-# Beyond the lab sheet: the lab's measurements as curves, the cache as serving capacity, and a
-# self-check of a results folder. Knobs: config["extras"].
+# Beyond the lab sheet: the lab's measurements as curves, a step opened, the cache as serving
+# capacity, and a self-check of a results folder. Knobs: config["extras"].
+from kvlab.facts.sheet import HANDED_IN
+from kvlab.grade.classroom import submitted_files
 
 EXTRAS = config["extras"]
-# `check` grades the lab sheet's files (kvlab.lab.sheet) in the folder extras.check.results_dir
-# names: a student's is read as it is; the default, "results", makes it wait for this build.
-CHECKED_FOLDER = Path(EXTRAS["check"]["results_dir"]).expanduser()
-if (
-    CHECKED_FOLDER.resolve() != Path("results").resolve()
-    and not CHECKED_FOLDER.is_dir()
-):
-    stop(f"config key 'extras.check.results_dir': folder not found: {CHECKED_FOLDER}")
-
-ANATOMY = EXTRAS["step_anatomy"]
-if ANATOMY["contexts"] != sorted(set(ANATOMY["contexts"])):
-    stop(
-        f"config key 'extras.step_anatomy.contexts': {ANATOMY['contexts']} should rise, "
-        f"each length once"
-    )
 
 
 rule sweep:
     input:
-        **checkpoint_inputs("pretrain"),
-        prompt=LAB_DETAILS["prompt"],
+        **inputs("pretrain", "prompt"),
     output:
-        sweep=report(
-            EXTRA_RESULTS["sweep"],
-            caption="../report/sweep.rst",
-            category="Beyond the lab",
-            subcategory="Cost curves",
-        ),
-        runs=EXTRA_DETAILS["sweep_runs"],
+        sweep=reported("sweep"),
+        sweep_runs=RESULTS["sweep_runs"].path,
     log:
         "results/logs/sweep.log",
     benchmark:
@@ -40,8 +21,7 @@ rule sweep:
     resources:
         **model_job("pretrain", timed=True),
     params:
-        **model_params(),
-        **timing_params(),
+        **timed_params(),
         new_tokens=EXTRAS["sweep"]["new_tokens"],
         warmup=EXTRAS["sweep"]["warmup"],
         repeats=EXTRAS["sweep"]["repeats"],
@@ -53,15 +33,9 @@ rule sweep:
 
 rule latency:
     input:
-        **checkpoint_inputs("pretrain"),
-        prompt=LAB_DETAILS["prompt"],
+        **inputs("pretrain", "prompt"),
     output:
-        latency=report(
-            EXTRA_RESULTS["latency"],
-            caption="../report/latency.rst",
-            category="Beyond the lab",
-            subcategory="Latency split",
-        ),
+        latency=reported("latency"),
     log:
         "results/logs/latency.log",
     benchmark:
@@ -70,8 +44,7 @@ rule latency:
     resources:
         **model_job("pretrain", timed=True),
     params:
-        **model_params(),
-        **timing_params(),
+        **timed_params(),
         # the lab's timed generation (step 3), so the report can set the two side by side
         new_tokens=config["lab"]["time"]["new_tokens"],
         warmup=EXTRAS["latency"]["warmup"],
@@ -82,18 +55,12 @@ rule latency:
 
 # Where a step's time goes (a shrunk copy of the model for the fixed cost, torch.profiler for the
 # computation) and MiniMind's torch.cat cache against one allocated once and written in place
-# (kvlab.lab.anatomy); the lab's own steps keep MiniMind's cache.
+# (kvlab.measure.anatomy); the lab's own steps keep MiniMind's cache.
 rule step_anatomy:
     input:
-        **checkpoint_inputs("pretrain"),
-        prompt=LAB_DETAILS["prompt"],
+        **inputs("pretrain", "prompt"),
     output:
-        anatomy=report(
-            EXTRA_RESULTS["step_anatomy"],
-            caption="../report/step_anatomy.rst",
-            category="Beyond the lab",
-            subcategory="Step anatomy",
-        ),
+        step_anatomy=reported("step_anatomy"),
     log:
         "results/logs/step_anatomy.log",
     benchmark:
@@ -103,8 +70,7 @@ rule step_anatomy:
     resources:
         **model_job("pretrain", timed=True),
     params:
-        **model_params(),
-        **timing_params(),
+        **timed_params(),
         # the lab's timed generation (step 3): its last step is the one opened
         **EXTRAS["step_anatomy"],
         new_tokens=config["lab"]["time"]["new_tokens"],
@@ -114,14 +80,9 @@ rule step_anatomy:
 
 rule kv_capacity:
     input:
-        **checkpoint_inputs("pretrain"),
+        **inputs("pretrain"),
     output:
-        capacity=report(
-            EXTRA_RESULTS["kv_capacity"],
-            caption="../report/kv_capacity.rst",
-            category="Beyond the lab",
-            subcategory="KV capacity",
-        ),
+        kv_capacity=reported("kv_capacity"),
     log:
         "results/logs/kv_capacity.log",
     benchmark:
@@ -143,15 +104,9 @@ rule kv_capacity:
 
 rule topp_curve:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("pretrain"),
+        **inputs("tokenizer", "pretrain"),
     output:
-        curve=report(
-            EXTRA_RESULTS["topp_curve"],
-            caption="../report/topp_curve.rst",
-            category="Beyond the lab",
-            subcategory="Top-p curve",
-        ),
+        topp_curve=reported("topp_curve"),
     log:
         "results/logs/topp_curve.log",
     benchmark:
@@ -171,16 +126,10 @@ rule topp_curve:
 
 rule temp_curve:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("sft"),
+        **inputs("tokenizer", "sft"),
     output:
-        curve=report(
-            EXTRA_RESULTS["temp_curve"],
-            caption="../report/temp_curve.rst",
-            category="Beyond the lab",
-            subcategory="Temperature curve",
-        ),
-        answers="results/temp_curve_answers.json",
+        temp_curve=reported("temp_curve"),
+        temp_curve_answers=RESULTS["temp_curve_answers"].path,
     log:
         "results/logs/temp_curve.log",
     benchmark:
@@ -201,17 +150,22 @@ rule temp_curve:
         "../scripts/temp_curve.py"
 
 
+# `check` grades the lab sheet's files (kvlab.facts.sheet) in the folder extras.check.results_dir
+# names: a student's is read as it is; the default, "results", makes it wait for this build.
+CHECKED_FOLDER = lab_config.checked_folder(config)
+
+
 rule check:
     input:
         # this build's results wait for their jobs; another folder's files are taken as they are
         # (one missing is a rule's verdict, not Snakemake's MissingInputException)
         checked=(
-            [str(CHECKED_FOLDER / name) for name in sheet.HANDED_IN]
-            if CHECKED_FOLDER.resolve() == Path("results").resolve()
-            else grading.submitted_files(CHECKED_FOLDER)
+            [str(CHECKED_FOLDER / name) for name in HANDED_IN]
+            if lab_config.checks_this_build(config)
+            else submitted_files(CHECKED_FOLDER)
         ),
     output:
-        check="results/check.json",
+        check=RESULTS["check"].path,
     log:
         table="results/logs/check.log",
         verdicts="results/logs/check.json",

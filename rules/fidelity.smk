@@ -4,17 +4,9 @@
 
 rule fidelity:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("pretrain", "sft"),
-        minimind_src=CONFIGURED_INPUTS["minimind_src"],
-        prompt=LAB_DETAILS["prompt"],
+        **inputs("tokenizer", "pretrain", "sft", "minimind_src", "prompt"),
     output:
-        fidelity=report(
-            FIDELITY["fidelity"],
-            caption="../report/fidelity.rst",
-            category="Beyond the lab",
-            subcategory="Fidelity to MiniMind",
-        ),
+        fidelity=reported("fidelity"),
     log:
         "results/logs/fidelity.log",
     benchmark:

@@ -1,26 +1,22 @@
-# The report's figures (rules/common.smk's FIGURES): one rule a figure, each made by this loop and
-# named by its key, so redrawing a figure never reruns the measurement behind it.
+# The figures (kvlab.facts.results.FIGURES: the lab's, and the class's of `grade`): one rule a figure,
+# each made by this loop and named by its figure, so redrawing a figure never reruns what it draws.
 
-for name, figure in FIGURES.items():
+for figure in FIGURES.values():
 
     rule:
         name:
-            name
+            figure.rule
         input:
-            data=EXTRA_RESULTS[figure["data"]],
+            data=RESULTS[figure.data].path,
         output:
-            figure=report(
-                figure["path"],
-                caption=f"../report/{name}.rst",
-                category="Beyond the lab",
-                subcategory=figure["subcategory"],
-            ),
+            figure=reported(figure),
         log:
-            f"results/logs/{name}.log",
+            f"results/logs/{figure.rule}.log",
         threads: 1
         resources:
             **LIGHT_JOB,
         params:
+            figure=figure.name,
             language=config["report"]["language"],
         script:
             "../scripts/figure.py"

@@ -1,17 +1,61 @@
 # Grading a class (docs/teaching.md): one job per student of the class sheet (config grade.class_sheet),
 # each writing Gradescope's results.json, then the class table, two figures and a class page.
-# Every test is a rule of kvlab.lab.check, the same the `check` rule runs on this build, here held to
+# Every test is a rule of kvlab.grade.check, the same the `check` rule runs on this build, here held to
 # an answer key: this workflow's own temp, topp and kvbytes results on the same checkpoints.
 # Nothing here writes into the lab's results: everything goes under results/class/.
+import sys
+
+from kvlab.facts.results import CLASS, CLASS_FOLDER
+from kvlab.grade import classroom
+
+GRADE = config["grade"]
+
+
+# The students of the class sheet, validated the Snakemake catalog's way; none without a sheet.
+STUDENTS = {}
+if GRADE["class_sheet"]:
+    import pandas as pd
+
+    CLASS_SHEET_SCHEMA = workflow.source_path("../schemas/class_sheet.schema.yaml")
+    try:
+        students = classroom.read_class_sheet(GRADE["class_sheet"])
+        validate(pd.DataFrame(students), schema=CLASS_SHEET_SCHEMA)
+    except classroom.ClassSheetError as err:
+        stop(str(err))
+    except WorkflowError:
+        schema = lab_config.load_schema(CLASS_SHEET_SCHEMA)
+        stop(classroom.sheet_error(students, schema, GRADE["class_sheet"]))
+    STUDENTS = {student["student_id"]: student for student in students}
+# Snakemake parses this file before it is told the targets: asked for on the command line, `grade`
+# without a sheet stops here in one line; asked for otherwise, the rule's input function says it.
+if "grade" in sys.argv[1:]:
+    if not STUDENTS:
+        stop(classroom.NO_SHEET)
+    # A folder that is not there scores 0 (no submission); said once, in case it is a typo on the sheet.
+    absent = [s for s in STUDENTS.values() if not Path(s["results"]).is_dir()]
+    if absent:
+        print(
+            f"grade: {len(absent)} of {len(STUDENTS)} students have no folder and score 0 (no submission): "
+            + ", ".join(f"{s['student_id']} ({s['results']})" for s in absent),
+            file=sys.stderr,
+        )
+CLASS_FIGURES = [figure for figure in FIGURES.values() if figure.category == CLASS]
+ANSWER_KEY = {name: RESULTS[name].path for name in classroom.KEY_RESULTS}
+
+
 rule grade_student:
     input:
-        unpack(student_inputs),
+        unpack(
+            lambda wildcards: classroom.student_inputs(
+                STUDENTS[wildcards.student_id], ANSWER_KEY
+            )
+        ),
     output:
-        results=f"{CLASS}/{{student_id}}/results.json",
+        results=f"{CLASS_FOLDER}/{{student_id}}/results.json",
     log:
         f"results/logs/class/{{student_id}}.log",
     wildcard_constraints:
-        student_id=grading.STUDENT_ID.pattern,
+        student_id=classroom.STUDENT_ID.pattern,
     threads: 1
     resources:
         **LIGHT_JOB,
@@ -30,18 +74,12 @@ rule grade_student:
 rule grade_class:
     input:
         sheet=GRADE["class_sheet"] or [],
-        results=expand(f"{CLASS}/{{student_id}}/results.json", student_id=STUDENTS),
+        results=expand(
+            f"{CLASS_FOLDER}/{{student_id}}/results.json", student_id=STUDENTS
+        ),
     output:
-        grades=report(
-            f"{CLASS}/grades.csv",
-            caption="../report/class_grades.rst",
-            category="Class",
-        ),
-        tests=report(
-            f"{CLASS}/tests.csv",
-            caption="../report/class_tests.rst",
-            category="Class",
-        ),
+        grades=reported("grades"),
+        tests=reported("tests"),
     log:
         "results/logs/class/grade_class.log",
     threads: 1
@@ -51,37 +89,13 @@ rule grade_class:
         "../scripts/grade_class.py"
 
 
-for name, figure in CLASS_FIGURES.items():
-
-    rule:
-        name:
-            name
-        input:
-            data=rules.grade_class.output[figure["data"]],
-        output:
-            figure=report(
-                figure["path"], caption=f"../report/{name}.rst", category="Class"
-            ),
-        log:
-            f"results/logs/class/{name}.log",
-        threads: 1
-        resources:
-            **LIGHT_JOB,
-        params:
-            language=config["report"]["language"],
-        script:
-            "../scripts/figure.py"
-
-
 rule class_page:
     input:
         results=rules.grade_class.input.results,
-        figures=[figure["path"] for figure in CLASS_FIGURES.values()],
+        figures=[figure.path for figure in CLASS_FIGURES],
         template=workflow_file("templates/class.html.j2"),
     output:
-        page=report(
-            f"{CLASS}/class.html", caption="../report/class_page.rst", category="Class"
-        ),
+        class_page=reported("class_page"),
     log:
         "results/logs/class/class_page.log",
     threads: 1
@@ -95,7 +109,11 @@ rule class_page:
 
 rule grade:
     input:
-        class_outputs,
+        lambda wildcards: classroom.class_outputs(
+            STUDENTS,
+            [RESULTS[name].path for name in ("grades", "tests", "class_page")]
+            + [figure.path for figure in CLASS_FIGURES],
+        ),
     threads: 1
     resources:
         **LIGHT_JOB,

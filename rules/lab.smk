@@ -3,10 +3,9 @@
 
 rule prompt:
     input:
-        unpack(tokenizer_inputs),
-        val_data=input_path("val_data"),
+        **inputs("tokenizer", "val_data"),
     output:
-        prompt=LAB_DETAILS["prompt"],
+        prompt=RESULTS["prompt"].path,
     log:
         "results/logs/prompt.log",
     threads: 1
@@ -21,11 +20,9 @@ rule prompt:
 
 rule model_card:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("pretrain", "sft"),
-        prompt=LAB_DETAILS["prompt"],
+        **inputs("tokenizer", "pretrain", "sft", "prompt"),
     output:
-        card=LAB_DETAILS["model_card"],
+        model_card=RESULTS["model_card"].path,
     log:
         "results/logs/model_card.log",
     threads: 1
@@ -39,19 +36,10 @@ rule model_card:
 
 rule same:
     input:
-        **checkpoint_inputs("pretrain"),
-        prompt=LAB_DETAILS["prompt"],
+        **inputs("pretrain", "prompt"),
     output:
-        same=report(
-            LAB_RESULTS["same"],
-            caption="../report/same.rst",
-            category="Lab sheet",
-        ),
-        counts=report(
-            LAB_RESULTS["counts"],
-            caption="../report/count.rst",
-            category="Lab sheet",
-        ),
+        same=reported("same"),
+        counts=reported("counts"),
     log:
         "results/logs/same.log",
     threads: 1
@@ -66,15 +54,10 @@ rule same:
 
 rule timing:
     input:
-        **checkpoint_inputs("pretrain"),
-        prompt=LAB_DETAILS["prompt"],
+        **inputs("pretrain", "prompt"),
     output:
-        time=report(
-            LAB_RESULTS["time"],
-            caption="../report/time.rst",
-            category="Lab sheet",
-        ),
-        runs=LAB_DETAILS["time_runs"],
+        time=reported("time"),
+        time_runs=RESULTS["time_runs"].path,
     log:
         "results/logs/timing.log",
     benchmark:
@@ -84,8 +67,7 @@ rule timing:
     resources:
         **model_job("pretrain", timed=True),
     params:
-        **model_params(),
-        **timing_params(),
+        **timed_params(),
         new_tokens=config["lab"]["time"]["new_tokens"],
         warmup=config["lab"]["time"]["warmup"],
         repeats=config["lab"]["time"]["repeats"],
@@ -95,13 +77,9 @@ rule timing:
 
 rule kvbytes:
     input:
-        **checkpoint_inputs("pretrain"),
+        **inputs("pretrain"),
     output:
-        kvbytes=report(
-            LAB_RESULTS["kvbytes"],
-            caption="../report/kvbytes.rst",
-            category="Lab sheet",
-        ),
+        kvbytes=reported("kvbytes"),
     log:
         "results/logs/kvbytes.log",
     threads: 1
@@ -117,15 +95,10 @@ rule kvbytes:
 
 rule temp:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("sft"),
+        **inputs("tokenizer", "sft"),
     output:
-        temp=report(
-            LAB_RESULTS["temp"],
-            caption="../report/temp.rst",
-            category="Lab sheet",
-        ),
-        answers=LAB_DETAILS["temp_answers"],
+        temp=reported("temp"),
+        temp_answers=RESULTS["temp_answers"].path,
     log:
         "results/logs/temp.log",
     threads: 1
@@ -144,15 +117,10 @@ rule temp:
 
 rule topp:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("pretrain"),
+        **inputs("tokenizer", "pretrain"),
     output:
-        topp=report(
-            LAB_RESULTS["topp"],
-            caption="../report/topp.rst",
-            category="Lab sheet",
-        ),
-        sharp=LAB_DETAILS["topp_sharp"],
+        topp=reported("topp"),
+        topp_sharp=RESULTS["topp_sharp"].path,
     log:
         "results/logs/topp.log",
     threads: 1

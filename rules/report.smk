@@ -1,15 +1,14 @@
 # Step 7: the report, rendered from the result files, and the sheet's results as HTML tables.
+from kvlab.facts.sheet import LAB_RESULTS
 
 
 rule report:
     input:
-        # every result by the name the template reads it by (rules/common.smk)
-        **REPORT_INPUTS,
+        # every result by the name the template reads it by (kvlab.facts.results.report_inputs)
+        **report_inputs(WITH_FIDELITY),
         template=workflow_file("templates/report.md.j2"),
     output:
-        report=report(
-            "results/report.md", caption="../report/report.rst", category="Lab report"
-        ),
+        report=reported("report"),
     log:
         "results/logs/report.log",
     threads: 1
@@ -23,19 +22,15 @@ rule report:
 
 # For `snakemake --report`, which shows an HTML result in the page (a Markdown or JSON file only
 # as a download): the report as a page, with its figures in it.
-rule lab_report_html:
+rule lab_report:
     input:
         report=rules.report.output.report,
-        figures=[figure["path"] for figure in FIGURES.values()],
+        figures=[figure.path for figure in lab_figures()],
         template=workflow_file("templates/lab_report.html.j2"),
     output:
-        page=report(
-            "results/lab_report.html",
-            caption="../report/lab_report.rst",
-            category="Lab report",
-        ),
+        lab_report=reported("lab_report"),
     log:
-        "results/logs/lab_report_html.log",
+        "results/logs/lab_report.log",
     threads: 1
     resources:
         **LIGHT_JOB,
@@ -49,14 +44,10 @@ rule lab_report_html:
 # the numbers in the page (a JSON file there is only a download link).
 rule lab_tables:
     input:
-        **LAB_RESULTS,
+        **inputs(*LAB_RESULTS),
         template=workflow_file("templates/lab_tables.html.j2"),
     output:
-        tables=report(
-            "results/lab_tables.html",
-            caption="../report/lab_tables.rst",
-            category="Lab sheet",
-        ),
+        lab_tables=reported("lab_tables"),
     log:
         "results/logs/lab_tables.log",
     threads: 1

@@ -1,27 +1,13 @@
 # Beyond the lab sheet, the serving half: many requests at once (llama-batched-bench's table) and what
 # the way a server reserves the cache does to how many requests fit. Knobs: config["extras"].
 
-if EXTRAS["batch"]["prompt_tokens"] > config["lab"]["prompt"]["cut_tokens"] + 1:
-    stop(
-        f"config key 'extras.batch.prompt_tokens': {EXTRAS['batch']['prompt_tokens']} is longer than "
-        f"the lab's prompt (lab.prompt.cut_tokens + 1 = {config['lab']['prompt']['cut_tokens'] + 1})"
-    )
-
 
 rule batch:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("pretrain"),
-        prompt=LAB_DETAILS["prompt"],
-        val_data=input_path("val_data"),
+        **inputs("tokenizer", "pretrain", "prompt", "val_data"),
     output:
-        batch=report(
-            EXTRA_RESULTS["batch"],
-            caption="../report/batch.rst",
-            category="Beyond the lab",
-            subcategory="Batching",
-        ),
-        runs=EXTRA_DETAILS["batch_runs"],
+        batch=reported("batch"),
+        batch_runs=RESULTS["batch_runs"].path,
     log:
         "results/logs/batch.log",
     benchmark:
@@ -31,8 +17,7 @@ rule batch:
     resources:
         **model_job("pretrain", timed=True),
     params:
-        **model_params(),
-        **timing_params(),
+        **timed_params(),
         prompt_tokens=EXTRAS["batch"]["prompt_tokens"],
         new_tokens=EXTRAS["batch"]["new_tokens"],
         sizes=EXTRAS["batch"]["sizes"],
@@ -45,17 +30,10 @@ rule batch:
 
 rule kv_waste:
     input:
-        unpack(tokenizer_inputs),
-        **checkpoint_inputs("pretrain"),
-        val_data=input_path("val_data"),
+        **inputs("tokenizer", "pretrain", "val_data"),
     output:
-        kv_waste=report(
-            EXTRA_RESULTS["kv_waste"],
-            caption="../report/kv_waste.rst",
-            category="Beyond the lab",
-            subcategory="KV reservation",
-        ),
-        requests=EXTRA_DETAILS["kv_waste_requests"],
+        kv_waste=reported("kv_waste"),
+        kv_waste_requests=RESULTS["kv_waste_requests"].path,
     log:
         "results/logs/kv_waste.log",
     benchmark:

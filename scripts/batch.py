@@ -2,8 +2,9 @@
 from kvlab.checkpoints import load_model_input
 from kvlab.engine.data import read_texts
 from kvlab.io import read_json, write_csv_atomic, write_json_atomic
-from kvlab.lab.serving import batch_bench, document_prompts
-from kvlab.lab.steps import use_threads
+from kvlab.measure.batch import batch_bench
+from kvlab.measure.prompt import document_prompts
+from kvlab.measure.steps import use_threads
 from kvlab.workflow import load_tokenizer_input, log, run
 
 
@@ -19,7 +20,7 @@ def main(snakemake):
                              p.memory_limit_gib, device)
     differing = [f"{row['mode']} B={row['B']}" for row in rows if not row["same_as_single"]]
     log.info("greedy rows equal to their prompt alone: %s", "all" if not differing else f"not in {differing}")
-    write_json_atomic(snakemake.output.runs, runs)
+    write_json_atomic(snakemake.output.batch_runs, runs)
     write_csv_atomic(snakemake.output.batch, rows)
 
 

@@ -2,7 +2,7 @@
 
 results/check.json holds every verdict. Snakemake deletes the output of a failed job, so the
 verdicts are also written to the rule's log folder, where they survive a failure."""
-from kvlab.lab.check import CheckFailed, Settings, check_results, failure_message, verdict_table
+from kvlab.grade.check import CheckFailed, Settings, check_results, failure_message, verdict_table
 from kvlab.io import write_json_atomic
 from kvlab.workflow import log, run
 

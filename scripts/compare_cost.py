@@ -2,10 +2,9 @@
 from kvlab.checkpoints import load_inspected
 from kvlab.engine.device import resolve_device, resolve_dtype
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.capacity import architecture_model
-from kvlab.lab.compare import CompareError
-from kvlab.lab.cost import measure_cost
-from kvlab.lab.steps import use_threads
+from kvlab.measure.capacity import architecture_model
+from kvlab.measure.cost import measure_cost
+from kvlab.measure.steps import use_threads
 from kvlab.workflow import log, run
 
 
@@ -26,7 +25,7 @@ def main(snakemake):
         cost = measure_cost(model, prompt_ids, settings["new_tokens"], settings["warmup"], settings["repeats"],
                             p.max_seconds, settings["kv_tokens"], p.seed, device)
     except ValueError as err:
-        raise CompareError(f"compare entry '{entry['name']}': {err}") from None
+        raise ValueError(f"compare entry '{entry['name']}': {err}") from None
     log.info("%s: speedup %.2f (token ratio %.1f), fit %.3f ms + %.3f us/token", entry["name"], cost["speedup"],
              cost["token_ratio"], cost["fit_fixed_s"] * 1e3, cost["fit_per_token_s"] * 1e6)
     write_json_atomic(snakemake.output.cost, {"name": entry["name"], **cost})

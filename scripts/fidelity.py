@@ -1,7 +1,7 @@
 """Beyond the sheet: kvlab's engine against the user's own model_minimind.py (config key minimind_src).
 Importing that file runs its code; only this job does."""
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.fidelity import LabSettings, hold_against_minimind
+from kvlab.measure.fidelity import LabSettings, hold_against_minimind
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import load_tokenizer_input, log, run
 

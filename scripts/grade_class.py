@@ -1,7 +1,7 @@
 """The class table (grades.csv, one row per student of the sheet) and each test's pass rate
 (tests.csv), from the students' results.json files."""
 from kvlab.io import read_json, write_csv_atomic
-from kvlab.lab.grading import class_rows, pass_rate_rows
+from kvlab.grade.classroom import class_rows, pass_rate_rows
 from kvlab.workflow import log, run
 
 

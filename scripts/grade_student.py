@@ -1,14 +1,14 @@
 """Grade one student's folder: results/class/{student_id}/results.json in Gradescope's format, each
 test a rule of the lab sheet held to the answer key (this workflow's own results)."""
 from kvlab.io import write_json_atomic
-from kvlab.lab.check import Settings
-from kvlab.lab.grading import grade_student, load_key
+from kvlab.grade.check import Settings
+from kvlab.grade.classroom import KEY_RESULTS, grade_student, load_key
 from kvlab.workflow import log, run
 
 
 def main(snakemake):
     p = snakemake.params
-    key = load_key({name: snakemake.input[name] for name in ("temp", "topp", "kvbytes")})
+    key = load_key({name: snakemake.input[name] for name in KEY_RESULTS})
     settings = Settings(temperatures=tuple(p.temperatures), samples=p.samples, ps=tuple(p.ps), key=key,
                         temp_tolerance=p.temp_tolerance, max_bytes=p.max_file_bytes)
     result = grade_student(p.student, settings, p.points)

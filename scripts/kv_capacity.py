@@ -1,5 +1,5 @@
 """KV capacity: bytes per token (formula and measured) and requests per memory budget."""
-from kvlab.lab.capacity import kv_capacity
+from kvlab.measure.capacity import kv_capacity
 from kvlab.io import write_csv_atomic
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
@@ -11,7 +11,7 @@ def main(snakemake):
     rows = kv_capacity(model, p.architectures, p.dtypes, p.contexts, p.budgets_gib, p.tokens, p.seed, device)
     for row in rows:
         log.info("%s %s, %s GiB: %s", row["model"], row["dtype"], row["budget_gib"], row["vllm_line"])
-    write_csv_atomic(snakemake.output.capacity, rows)
+    write_csv_atomic(snakemake.output.kv_capacity, rows)
 
 
 run(snakemake, main)

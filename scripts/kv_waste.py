@@ -2,7 +2,8 @@
 from kvlab.checkpoints import load_model_input
 from kvlab.engine.data import read_texts
 from kvlab.io import write_csv_atomic, write_json_atomic
-from kvlab.lab.serving import document_prompts, kv_waste
+from kvlab.measure.kv_waste import kv_waste
+from kvlab.measure.prompt import document_prompts
 from kvlab.workflow import load_tokenizer_input, run
 
 
@@ -14,7 +15,7 @@ def main(snakemake):
                                share=p.prompt_share, source=snakemake.input.val_data, key="extras.kv_waste.requests")
     rows, requests = kv_waste(model, prompts, p.prompt_cap, p.answer_cap, p.temperature, p.top_p, p.seed,
                               tokenizer.eos_id, p.block_tokens, p.budgets_gib, device)
-    write_json_atomic(snakemake.output.requests, requests)
+    write_json_atomic(snakemake.output.kv_waste_requests, requests)
     write_csv_atomic(snakemake.output.kv_waste, rows)
 
 

@@ -1,6 +1,6 @@
 """Step 4: the cache's bytes after feeding random tokens, against the formula."""
 from kvlab.io import write_json_atomic
-from kvlab.lab.steps import measure_kv_bytes
+from kvlab.measure.steps import measure_kv_bytes
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
 

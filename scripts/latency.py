@@ -1,7 +1,7 @@
 """Latency split: every forward call of the lab's timed generation, both modes; TTFT, TPOT, a fit."""
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.curves import step_latency
-from kvlab.lab.steps import use_threads
+from kvlab.measure.curves import step_latency
+from kvlab.measure.steps import use_threads
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
 

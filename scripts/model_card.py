@@ -1,7 +1,7 @@
 """What the lab ran on: architectures with the source of each field, the prompt's perplexity."""
 from kvlab.checkpoints import load_inspected
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.model_card import model_card
+from kvlab.measure.model_card import model_card
 from kvlab.workflow import load_tokenizer_input, log, run
 
 
@@ -18,7 +18,7 @@ def main(snakemake):
     for warning in card["warnings"]:
         log.warning("WARNING: %s", warning)
     log.info("prompt perplexity %.2f over %d tokens", card["prompt_perplexity"]["perplexity"], len(prompt["ids"]))
-    write_json_atomic(snakemake.output.card, card)
+    write_json_atomic(snakemake.output.model_card, card)
 
 
 run(snakemake, main)

@@ -1,7 +1,7 @@
 """Step 1's prompt: first n_docs validation texts, joined, encoded, cut, bos in front."""
 from kvlab.io import write_json_atomic
 from kvlab.engine.data import read_texts
-from kvlab.lab.prompt import make_prompt
+from kvlab.measure.prompt import make_prompt
 from kvlab.workflow import load_tokenizer_input, log, run
 
 

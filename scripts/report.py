@@ -1,6 +1,6 @@
 """Step 7: render results/report.md from the result files."""
 from kvlab.io import write_text_atomic
-from kvlab.lab.report import render_report
+from kvlab.present.report import render_report
 from kvlab.workflow import run
 
 

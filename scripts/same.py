@@ -1,6 +1,6 @@
 """Steps 1-2: greedy with and without the cache; same tokens? how many tokens fed?"""
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.steps import greedy_with_and_without_cache
+from kvlab.measure.steps import greedy_with_and_without_cache
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
 

@@ -4,8 +4,8 @@ MiniMind's torch.cat cache against a preallocated one (and, when configured, a c
 results/step_anatomy.json."""
 from kvlab.checkpoints import load_model_input
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.anatomy import PARTS, STEPS, cache_curve, step_anatomy
-from kvlab.lab.steps import use_threads
+from kvlab.measure.anatomy import PARTS, STEPS, cache_curve, step_anatomy
+from kvlab.measure.steps import use_threads
 from kvlab.workflow import log, run
 
 
@@ -32,7 +32,7 @@ def main(snakemake):
     log.info("at %d tokens cat/static %.2f (%.2f-%.2f); identical tokens: %s", p.contexts[-1],
              curve["cat_over_static"]["ratio"], curve["cat_over_static"]["low"], curve["cat_over_static"]["high"],
              curve["identical_tokens"])
-    write_json_atomic(snakemake.output.anatomy, {"anatomy": anatomy, "curve": curve})
+    write_json_atomic(snakemake.output.step_anatomy, {"anatomy": anatomy, "curve": curve})
 
 
 run(snakemake, main)

@@ -1,7 +1,7 @@
 """Cost curves: the lab's steps 1-3 (fed tokens, same ids, median time) for every N in the sweep."""
 from kvlab.io import read_json, write_csv_atomic, write_json_atomic
-from kvlab.lab.curves import cost_sweep
-from kvlab.lab.steps import use_threads
+from kvlab.measure.curves import cost_sweep
+from kvlab.measure.steps import use_threads
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
 
@@ -15,7 +15,7 @@ def main(snakemake):
     use_threads(p.threads)
     rows, runs = cost_sweep(model, prompt["ids"], p.new_tokens, p.warmup, p.repeats, p.long_from, p.long_repeats,
                             p.max_seconds, device)
-    write_json_atomic(snakemake.output.runs, runs)
+    write_json_atomic(snakemake.output.sweep_runs, runs)
     write_csv_atomic(snakemake.output.sweep, rows)
 
 

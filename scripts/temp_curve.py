@@ -1,5 +1,5 @@
 """Temperature curve: distinct SFT answers and mean sampled entropy for a grid of temperatures."""
-from kvlab.lab.curves import grid, temperature_curve
+from kvlab.measure.curves import grid, temp_curve
 from kvlab.io import write_csv_atomic, write_json_atomic
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import load_tokenizer_input, run
@@ -10,10 +10,10 @@ def main(snakemake):
     model, device = load_model_input(snakemake, "sft")
     p = snakemake.params
     temperatures = grid(p.t_min, p.t_max, p.t_step)
-    rows, answers = temperature_curve(model, tokenizer, p.question, temperatures, p.samples, p.max_new_tokens,
+    rows, answers = temp_curve(model, tokenizer, p.question, temperatures, p.samples, p.max_new_tokens,
                                       p.seed, device)
-    write_json_atomic(snakemake.output.answers, {"question": p.question, "seed": p.seed, "answers": answers})
-    write_csv_atomic(snakemake.output.curve, rows)
+    write_json_atomic(snakemake.output.temp_curve_answers, {"question": p.question, "seed": p.seed, "answers": answers})
+    write_csv_atomic(snakemake.output.temp_curve, rows)
 
 
 run(snakemake, main)

@@ -1,6 +1,6 @@
 """Step 3: median generation time with and without the cache, after warm-up."""
 from kvlab.io import read_json, write_json_atomic
-from kvlab.lab.steps import time_generation, use_threads
+from kvlab.measure.steps import time_generation, use_threads
 from kvlab.checkpoints import load_model_input
 from kvlab.workflow import log, run
 
@@ -14,7 +14,7 @@ def main(snakemake):
     for label, summary in raw["summary"].items():
         log.info("%s: %d runs %s, median %.4f s, IQR/median %.1f%%%s", label, summary["n"], raw["runs_s"][label],
                  summary["median_s"], 100 * summary["iqr_share"], " (unstable)" if summary["unstable"] else "")
-    write_json_atomic(snakemake.output.runs, raw)
+    write_json_atomic(snakemake.output.time_runs, raw)
     write_json_atomic(snakemake.output.time, result)
 
 

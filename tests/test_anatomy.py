@@ -1,4 +1,4 @@
-"""Where a step's time goes (kvlab.lab.anatomy) and the preallocated cache (kvlab.engine.model.StaticCache):
+"""Where a step's time goes (kvlab.measure.anatomy) and the preallocated cache (kvlab.engine.model.StaticCache):
 the same tokens as MiniMind's torch.cat cache, parts that add up, and the workflow's rule."""
 import json
 
@@ -8,7 +8,7 @@ import torch
 from kvlab.engine import model as engine_model
 from kvlab.engine import sampling
 from kvlab.engine.model import StaticCache, kv_cache_bytes, left_pad
-from kvlab.lab import anatomy, steps
+from kvlab.measure import anatomy, steps
 
 from helpers import ROOT, course_config, dry_run_jobs, random_model, snakemake
 
@@ -194,8 +194,8 @@ def test_the_build_writes_the_anatomy_and_its_report_section(course_build):
 
 @pytest.mark.parametrize("language", ["ko", "en"])
 def test_a_compiled_curve_gets_its_paragraph_from_its_numbers(course_build, tmp_path, language):
-    from kvlab.lab import timing
-    from kvlab.lab.report import render_report
+    from kvlab.facts import timing
+    from kvlab.present.report import render_report
     from test_workflow import REPORT_INPUTS
 
     results = course_build / "results"
@@ -226,7 +226,7 @@ def test_changing_a_knob_reruns_only_the_anatomy_and_its_readers(course_build, c
     config = course_config(course)
     config["extras"] = {**config["extras"], "step_anatomy": {**config["extras"]["step_anatomy"], "contexts": [16, 80]}}
     assert dry_run_jobs(course_build, config=config) == {"step_anatomy": 1, "figure_step_anatomy": 1, "report": 1,
-                                                        "lab_report_html": 1, "check": 1, "all": 1}
+                                                        "lab_report": 1, "check": 1, "all": 1}
     config["extras"]["step_anatomy"]["contexts"] = [64, 16]
     result = snakemake(course_build, "-n", config=config, check=False)
     assert result.returncode == 1

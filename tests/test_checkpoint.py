@@ -8,7 +8,7 @@ from kvlab.engine.architecture import infer_architecture
 from kvlab.engine.checkpoint import CheckpointError, check_keys_and_shapes, load_model, save_checkpoint
 from kvlab.engine.config import MiniMindConfig
 from kvlab.engine.model import MiniMindForCausalLM, count_parameters, kv_cache_bytes
-from kvlab.lab.steps import GREEDY
+from kvlab.measure.steps import GREEDY
 
 from helpers import random_model
 

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from kvlab.engine.checkpoint import save_checkpoint
-from kvlab.lab.compare import CompareError, check_entries
-from kvlab.lab.formulas import fed_formulas
+from kvlab.config import ConfigError, check_entries
+from kvlab.facts.formulas import fed_formulas
 
 from helpers import course_config, random_model, snakemake
 
@@ -117,7 +117,7 @@ def test_a_checkpoint_with_too_small_a_vocabulary_fails_its_job_naming_the_entry
     ([], {"prompt_tokens": 500}, "'extras.compare.prompt_tokens': 500 is longer than the lab's prompt"),
 ])
 def test_bad_entries_are_one_line_naming_the_entry_and_key(entries, settings, message):
-    with pytest.raises(CompareError) as err:
+    with pytest.raises(ConfigError) as err:
         check_entries(entries, settings.get("prompt_tokens", 20), 65)
     assert message in str(err.value) and "\n" not in str(err.value)
 

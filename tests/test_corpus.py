@@ -8,7 +8,6 @@ import yaml
 from kvlab.default_model.corpus import (
     LAB_QUESTION,
     PEOPLE,
-    PERSON_BY_NAME,
     VILLAGE_BY_NAME,
     VILLAGES,
     make_corpus,
@@ -68,7 +67,7 @@ def test_world_is_fixed_and_each_village_has_one_specialty():
         for b in specialties:
             assert a == b or a not in b
     assert VILLAGE_BY_NAME["가람"].specialty == "복숭아"
-    assert "민수" in PERSON_BY_NAME
+    assert "민수" in {person.name for person in PEOPLE}
     assert all(p.home in VILLAGE_BY_NAME for p in PEOPLE)
 
 

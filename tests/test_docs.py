@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.cluster import plugin_installed
-from kvlab.lab.formulas import fed_formulas
+from kvlab.facts.formulas import fed_formulas
 
 from helpers import ROOT, copy_workflow
 

@@ -14,7 +14,7 @@ from kvlab.engine.checkpoint import CheckpointError, load_model, save_checkpoint
 from kvlab.engine.data import DataError, read_texts
 from kvlab.engine.tokenizer import load_tokenizer
 from kvlab.io import write_json_atomic
-from kvlab.lab.prompt import make_prompt
+from kvlab.measure.prompt import make_prompt
 
 from helpers import ROOT, course_config, model_jobs_run, random_model, snakemake, snakemake_cmd
 
@@ -260,7 +260,7 @@ def test_chat_template_fallback_is_reported(tmp_path, course, course_build):
     answers = tmp_path / "results" / "temp_answers.json"
     assert json.loads(answers.read_text(encoding="utf-8"))["chat_template"] == "ChatML fallback"
     # the report says so: rendered from this step 5 and the shared build's other steps
-    from kvlab.lab.report import render_report
+    from kvlab.present.report import render_report
     from test_workflow import REPORT_INPUTS
 
     paths = {name: course_build / "results" / f"{stem}.json" for name, stem in REPORT_INPUTS.items()}

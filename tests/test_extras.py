@@ -21,10 +21,12 @@ import torch
 from matplotlib import font_manager
 from PIL import Image
 
-from kvlab.lab import check, curves, figures, steps, tables
-from kvlab.lab.capacity import GIB, capacity_rows, vllm_line
+from kvlab.grade import check
+from kvlab.measure import curves, steps
+from kvlab.present import figures, tables
+from kvlab.measure.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.config import MiniMindConfig
-from kvlab.lab.formulas import fed_formulas
+from kvlab.facts.formulas import fed_formulas
 
 from helpers import ROOT, SMALL_LAB, course_config, dry_run_jobs, random_model, snakemake
 
@@ -304,17 +306,17 @@ def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
     assert jobs == {"figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
                     "figure_temperature_effect": 1, "figure_compare": 1, "figure_batch": 1, "figure_kv_waste": 1,
                     "figure_step_anatomy": 1,
-                    "lab_tables": 1, "report": 1, "lab_report_html": 1, "check": 1, "all": 1}, jobs
+                    "lab_tables": 1, "report": 1, "lab_report": 1, "check": 1, "all": 1}, jobs
 
 
 @pytest.mark.parametrize("language", ["en", "ko"])
 def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, language):
-    draw = {"cost_curves": (figures.cost_curve, pd.read_csv(built / "sweep.csv").to_dict("records")),
-            "step_times": (figures.latency_curve, load(built, "latency.json")),
-            "topp_survivors": (figures.topp_curve, pd.read_csv(built / "topp_curve.csv").to_dict("records")),
-            "temperature_effect": (figures.temperature_curve, pd.read_csv(built / "temp_curve.csv").to_dict("records")),
-            "compare": (figures.compare_curve, pd.read_csv(built / "compare.csv").to_dict("records")),
-            "step_anatomy": (figures.step_anatomy_figure, load(built, "step_anatomy.json"))}
+    draw = {"cost_curves": (figures.cost_curves, pd.read_csv(built / "sweep.csv").to_dict("records")),
+            "step_times": (figures.step_times, load(built, "latency.json")),
+            "topp_survivors": (figures.topp_survivors, pd.read_csv(built / "topp_curve.csv").to_dict("records")),
+            "temperature_effect": (figures.temperature_effect, pd.read_csv(built / "temp_curve.csv").to_dict("records")),
+            "compare": (figures.compare, pd.read_csv(built / "compare.csv").to_dict("records")),
+            "step_anatomy": (figures.step_anatomy, load(built, "step_anatomy.json"))}
     for name, (function, data) in draw.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a missing glyph is a warning: fail on it
@@ -464,7 +466,7 @@ def test_check_reports_missing_files_and_keys(tmp_path):
 
 
 def test_the_report_page_holds_its_figures_and_escapes_what_the_model_wrote(built, tmp_path):
-    from kvlab.lab.report import report_page
+    from kvlab.present.pages import report_page
 
     figure_paths = sorted((built / "figures").glob("*.png"))
     page = report_page(ROOT / "templates" / "lab_report.html.j2", built / "report.md", figure_paths, "ko")

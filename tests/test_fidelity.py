@@ -12,10 +12,10 @@ import pytest
 
 from kvlab.engine.checkpoint import load_model, save_checkpoint
 from kvlab.engine.tokenizer import load_tokenizer
-from kvlab.lab import steps
-from kvlab.lab.fidelity import LabSettings, hold_against_minimind, leaf_checks
-from kvlab.lab.minimind_src import MiniMindSourceError, load_source
-from kvlab.lab.prompt import make_prompt
+from kvlab.measure import steps
+from kvlab.measure.fidelity import LabSettings, hold_against_minimind, leaf_checks
+from kvlab.measure.minimind_src import MiniMindSourceError, load_source
+from kvlab.measure.prompt import make_prompt
 
 from helpers import SMALL_LAB, course_config, random_model, snakemake
 

@@ -1,4 +1,4 @@
-"""Grading a class (rules/grade.smk, kvlab.lab.grading, kvlab.lab.check): the example class grades to
+"""Grading a class (rules/grade.smk, kvlab.grade.classroom, kvlab.grade.check): the example class grades to
 its expected scores, each broken folder costs only its student with a readable reason, the report's
 numbers are found only as what they are, and a resubmission reruns one job and the class outputs."""
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.io import read_csv_rows
-from kvlab.lab import check, grading
+from kvlab.grade import check, classroom
 
 from helpers import ROOT, course_config, dry_run_jobs, snakemake
 
@@ -38,12 +38,12 @@ def test_the_committed_example_class_grades_to_its_expected_scores():
     """examples/class was made from a default build; its correct student's files are that build's, so
     they are the key. Every student's score and failed tests are the ones expected.tsv names."""
     settings = settings_for(EXAMPLE / "s01")
-    students = grading.read_class_sheet(EXAMPLE / "students.tsv")
-    graded = {s["student_id"]: grading.grade_student(s, settings, POINTS) for s in students}
+    students = classroom.read_class_sheet(EXAMPLE / "students.tsv")
+    graded = {s["student_id"]: classroom.grade_student(s, settings, POINTS) for s in students}
     for student_id, (score, lost) in expected_scores(EXAMPLE).items():
         result = graded[student_id]
         assert result["score"] == score, (student_id, result["output"])
-        assert [grading.rule_of(t) for t in result["tests"] if t["status"] == "failed"] == lost, student_id
+        assert [classroom.rule_of(t) for t in result["tests"] if t["status"] == "failed"] == lost, student_id
     assert graded["s08"]["output"].startswith("no submission") and graded["s08"]["score"] == 0
     assert "after repeat_kv" in next(t["output"] for t in graded["s02"]["tests"] if t["name"].startswith("kv_bytes"))
     assert "not UTF-8" in graded["s05"]["tests"][-1]["output"]
@@ -170,8 +170,8 @@ def test_wrong_types_are_named(tmp_path):
 def test_class_sheet_errors_are_one_line(tmp_path, text, message):
     sheet = tmp_path / "class.tsv"
     sheet.write_text(text, encoding="utf-8")
-    with pytest.raises(grading.ClassSheetError) as err:
-        grading.read_class_sheet(sheet)
+    with pytest.raises(classroom.ClassSheetError) as err:
+        classroom.read_class_sheet(sheet)
     assert message in str(err.value) and str(sheet) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -179,7 +179,7 @@ def test_folders_are_relative_to_the_sheet_and_extra_columns_are_ignored(tmp_pat
     sheet = tmp_path / "course" / "class.tsv"
     sheet.parent.mkdir()
     sheet.write_text("email\tstudent_id\tresults\na@b\tk1\tsubmissions/k1\nc@d\tk2\t/abs/k2\n", encoding="utf-8")
-    students = grading.read_class_sheet(sheet)
+    students = classroom.read_class_sheet(sheet)
     assert students == [{"student_id": "k1", "name": "", "results": str(sheet.parent / "submissions" / "k1")},
                         {"student_id": "k2", "name": "", "results": "/abs/k2"}]
 

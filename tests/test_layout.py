@@ -32,12 +32,15 @@ def test_layering_contracts_are_kept():
 @pytest.mark.parametrize(
     "module, line, contract",
     [
-        ("engine/model.py", "from kvlab.lab import steps", "Parts:"),  # the engine reaching up
-        ("lab/report.py", "from kvlab.default_model import corpus", "Parts:"),  # siblings stay apart
-        ("default_model/train.py", "import kvlab.lab.formulas", "Parts:"),
+        ("engine/model.py", "from kvlab.measure import steps", "Parts:"),  # the engine reaching up
+        ("present/report.py", "from kvlab.default_model import corpus", "Parts:"),  # siblings stay apart
+        ("measure/steps.py", "from kvlab.present import tables", "Parts:"),  # measuring never presents
+        ("measure/steps.py", "from kvlab.grade import check", "Parts:"),  # nor grades
+        ("facts/formulas.py", "import kvlab.engine.model", "Never PyTorch"),  # the facts stay torch-free
         ("engine/tokenizer.py", "import kvlab.workflow", "Parts:"),
-        ("lab/check.py", "import snakemake", "No kvlab module imports Snakemake"),
-        ("lab/report.py", "import torch", "Never PyTorch"),  # the report job starts without it
+        ("grade/check.py", "import snakemake", "No kvlab module imports Snakemake"),
+        ("grade/classroom.py", "from kvlab.measure import prompt", "torch-free rooms"),  # grading measures nothing
+        ("grade/check.py", "import torch", "Never PyTorch"),  # the check job starts without it
         ("resources.py", "from kvlab.engine import model", "Never PyTorch"),  # so does Snakemake's process
     ],
 )

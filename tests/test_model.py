@@ -3,9 +3,9 @@ formulas, the cache's shape and bytes, eos padding."""
 import pytest
 import torch
 
-from kvlab.lab.steps import GREEDY, counting_forward
+from kvlab.measure.steps import GREEDY, counting_forward
 from kvlab.engine.model import kv_cache_bytes, repeat_kv
-from kvlab.lab.formulas import fed_formulas
+from kvlab.facts.formulas import fed_formulas
 
 from helpers import random_model
 

@@ -10,9 +10,9 @@ import torch
 
 from kvlab.engine.model import left_pad
 from kvlab.io import read_csv_rows
-from kvlab.lab import serving
-from kvlab.lab.report import batch_context, kv_waste_context
-from kvlab.lab.steps import GREEDY
+from kvlab.measure import batch, kv_waste, prompt
+from kvlab.present.report import batch_context, kv_waste_context
+from kvlab.measure.steps import GREEDY
 
 from helpers import course_config, dry_run_jobs, random_model
 
@@ -74,7 +74,7 @@ def test_a_mask_of_another_shape_is_refused():
 def bench():
     model = random_model(7)
     distinct = [[1] + prompt for prompt in prompts_of((6, 11, 3, 9), seed=3)]
-    rows, runs = serving.batch_bench(model, [1] + prompts_of((11,), seed=4)[0], distinct, new_tokens=5,
+    rows, runs = batch.batch_bench(model, [1] + prompts_of((11,), seed=4)[0], distinct, new_tokens=5,
                                      sizes=[4, 1, 2], warmup=0, repeats=2, max_seconds=0.0,
                                      memory_limit_gib=1, device="cpu")
     return model, distinct, rows, runs
@@ -85,7 +85,7 @@ def test_batch_rows_follow_llama_batched_bench(bench):
     assert [(row["mode"], row["B"]) for row in rows] == [(m, b) for m in ("shared", "distinct") for b in (1, 2, 4)]
     per_token = model.config.kv_bytes_per_token("float32")
     for row in rows:
-        assert list(row)[1:11] == list(serving.BENCH_COLUMNS)
+        assert list(row)[1:11] == list(batch.BENCH_COLUMNS)
         assert row["N_KV"] == row["B"] * (row["PP"] + row["TG"])
         assert row["kv_bytes_measured"] == row["kv_bytes_formula"] == row["N_KV"] * per_token
         assert row["S_TG t/s"] == pytest.approx(row["B"] * row["TG"] / row["T_TG s"])
@@ -114,36 +114,36 @@ def test_batch_runs_keep_every_sample(bench):
 def test_a_batch_whose_cache_exceeds_the_limit_stops_before_any_work():
     model = random_model(0)
     limit_gib = 10 * (2 + 3) * model.config.kv_bytes_per_token("float32") / 2**30  # room for B = 10
-    assert serving.check_batch_memory(model, 2, 3, [1, 10], limit_gib) == model.config.kv_bytes_per_token("float32")
+    assert batch.check_batch_memory(model, 2, 3, [1, 10], limit_gib) == model.config.kv_bytes_per_token("float32")
     with pytest.raises(ValueError, match=r"config key 'extras.batch.sizes': B = 11 needs a cache of .* more than "
                                          r"extras.batch.memory_limit_gib"):
-        serving.check_batch_memory(model, 2, 3, [1, 11], limit_gib)
+        batch.check_batch_memory(model, 2, 3, [1, 11], limit_gib)
 
 
 def test_too_few_documents_name_the_file_and_the_key(tokenizer_dir):
     from kvlab.engine.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(tokenizer_dir)
     texts = ["민수는 시장에 갔다.", "", "가람 마을의 특산물은 배입니다."]
-    prompts = serving.document_prompts(tokenizer, texts, 2, cap=4, share=0.5)
+    prompts = prompt.document_prompts(tokenizer, texts, 2, cap=4, share=0.5)
     assert all(prompt[0] == tokenizer.bos_id and 2 <= len(prompt) <= 4 for prompt in prompts)
     with pytest.raises(ValueError, match=r"^val.jsonl: 2 non-empty documents, config key 'extras.batch.sizes' needs 3$"):
-        serving.document_prompts(tokenizer, texts, 3, cap=4, source="val.jsonl", key="extras.batch.sizes")
+        prompt.document_prompts(tokenizer, texts, 3, cap=4, source="val.jsonl", key="extras.batch.sizes")
 
 
 # --- kv_waste: four ways of reserving ----------------------------------------------------------
 
 
 def test_reserved_slots_of_each_policy():
-    assert [serving.reserved_slots("power_of_two", held, 40, 256, 16) for held in (1, 2, 3, 16, 17)] == [1, 2, 4, 16, 32]
-    assert [serving.reserved_slots("blocks", held, 40, 256, 16) for held in (1, 16, 17, 32, 33)] == [16, 16, 32, 32, 48]
-    assert serving.reserved_slots("exact", 3, 40, 256, 16) == 40
-    assert serving.reserved_slots("max_length", 3, 40, 256, 16) == 256
+    assert [kv_waste.reserved_slots("power_of_two", held, 40, 256, 16) for held in (1, 2, 3, 16, 17)] == [1, 2, 4, 16, 32]
+    assert [kv_waste.reserved_slots("blocks", held, 40, 256, 16) for held in (1, 16, 17, 32, 33)] == [16, 16, 32, 32, 48]
+    assert kv_waste.reserved_slots("exact", 3, 40, 256, 16) == 40
+    assert kv_waste.reserved_slots("max_length", 3, 40, 256, 16) == 256
 
 
 def test_a_request_split_adds_up_as_the_paper_splits():
     # prompt 10, final 20: ten moments holding 11..20 tokens, 15.5 on average
-    split = serving.request_split(10, 20, max_length=64, block_tokens=16)
-    for policy in serving.POLICIES:
+    split = kv_waste.request_split(10, 20, max_length=64, block_tokens=16)
+    for policy in kv_waste.POLICIES:
         parts = split[policy]
         assert parts["token"] == 15.5
         assert parts["reserved"] == pytest.approx(parts["token"] + parts["reservation"] + parts["internal_fragmentation"])
@@ -158,7 +158,7 @@ def test_a_request_split_adds_up_as_the_paper_splits():
 def test_kv_waste_rows_from_real_sampled_requests():
     model = random_model(8)
     prompts = [[1] + prompt for prompt in prompts_of((4, 9, 2, 6, 12), seed=5)]
-    rows, detail = serving.kv_waste(model, prompts, prompt_cap=13, answer_cap=7, temperature=1.0, top_p=0.9, seed=0,
+    rows, detail = kv_waste.kv_waste(model, prompts, prompt_cap=13, answer_cap=7, temperature=1.0, top_p=0.9, seed=0,
                                     eos_id=2, block_tokens=4, budgets_gib=[0.001, 1], device="cpu")
     per_token = model.config.kv_bytes_per_token("float32")
     assert detail["bytes_per_token"] == per_token  # weighed from the generation's real cache
@@ -166,7 +166,7 @@ def test_kv_waste_rows_from_real_sampled_requests():
     assert [r["prompt_len"] for r in requests] == [len(p) for p in prompts]
     assert all(1 <= r["answer_len"] <= 7 and r["final_len"] == r["prompt_len"] + r["answer_len"] for r in requests)
     by_policy = {row["policy"]: row for row in rows}
-    assert list(by_policy) == list(serving.POLICIES)
+    assert list(by_policy) == list(kv_waste.POLICIES)
     tokens = {row["token_bytes"] for row in rows}
     assert len(tokens) == 1, "every policy holds the same tokens"
     for row in rows:
@@ -209,9 +209,9 @@ def test_where_the_throughput_stops_growing_is_read_from_the_intervals():
 
 def test_kv_waste_context_checks_every_request_adds_up():
     rows = [{"policy": policy, "fits_24gib": fits} for policy, fits in
-            zip(serving.POLICIES, (10, 40, 70, 60))]
+            zip(kv_waste.POLICIES, (10, 40, 70, 60))]
     detail = {"requests": [{"prompt_len": 3, "answer_len": 2, "final_len": 5, "eos": True,
-                            "slots": serving.request_split(3, 5, 20, 4)}],
+                            "slots": kv_waste.request_split(3, 5, 20, 4)}],
               "budgets_gib": [24], "bytes_per_token": 8.0, "max_length": 20, "block_tokens": 4, "answer_cap": 4}
     context = kv_waste_context(copy.deepcopy(rows), detail)
     assert context["adds_up"] and context["fits_gain"] == 6.0 and context["at_eos"] == 1
@@ -226,13 +226,13 @@ def test_the_build_writes_batch_and_kv_waste(course_build):
     results = course_build / "results"
     with open(results / "batch.tsv", encoding="utf-8") as f:
         header = next(csv.reader(f, delimiter="\t"))
-    assert header[1:11] == list(serving.BENCH_COLUMNS)
+    assert header[1:11] == list(batch.BENCH_COLUMNS)
     rows = read_csv_rows(results / "batch.tsv")
     assert [(row["mode"], row["B"]) for row in rows] == [(m, b) for m in ("shared", "distinct") for b in (1, 2, 4)]
     assert all(row["same_as_single"] is True for row in rows)
     assert all(row["kv_bytes_measured"] == row["kv_bytes_formula"] for row in rows)
     waste = read_csv_rows(results / "kv_waste.csv")
-    assert [row["policy"] for row in waste] == list(serving.POLICIES)
+    assert [row["policy"] for row in waste] == list(kv_waste.POLICIES)
     requests = json.loads((results / "kv_waste_requests.json").read_text(encoding="utf-8"))
     assert len(requests["requests"]) == 6
     report = (results / "report.md").read_text(encoding="utf-8")
@@ -249,7 +249,7 @@ def test_changing_the_batch_sizes_reruns_only_batch_and_its_readers(course_build
     config["extras"] = {**config["extras"], "batch": {**config["extras"]["batch"], "sizes": [1, 3]}}
     # check grades the report too
     assert dry_run_jobs(course_build, config=config) == {"batch": 1, "figure_batch": 1, "report": 1,
-                                                         "lab_report_html": 1, "check": 1, "all": 1}
+                                                         "lab_report": 1, "check": 1, "all": 1}
 
 
 def test_batch_alone_runs_only_its_ancestors(tmp_path, course):

@@ -1,5 +1,5 @@
 """Every timing with its spread, and every sentence true to its numbers: the statistics and the rule
-for an unstable timing (kvlab.lab.timing), repeats that adapt to the machine, the report's words on
+for an unstable timing (kvlab.facts.timing), repeats that adapt to the machine, the report's words on
 data made to hit each case (ties, overlaps, proportions, number formats) in both languages, and a
 timed job sharing its core with other work, which the results, the report and `check` must flag."""
 import json
@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from kvlab.lab import check, timing
-from kvlab.lab.report import against, comparison, interval_direction
+from kvlab.grade import check
+from kvlab.facts import timing
+from kvlab.present.report import against, comparison, interval_direction
 
 from helpers import ROOT, course_config, snakemake
 
@@ -182,7 +183,7 @@ def test_ties_proportions_and_numbers_in_the_top_p_curve(contended, tmp_path, la
     """A tie at one p is no crossing; a cut tail is counted, not called "a few"; every count over 999
     has its thousands separator."""
     from kvlab.io import write_csv_atomic
-    from kvlab.lab.report import render_report
+    from kvlab.present.report import render_report
 
     results, _ = contended
     paths = {name: results / file for name, file in {

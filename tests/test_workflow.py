@@ -11,7 +11,9 @@ import pytest
 import torch
 import yaml
 
-from kvlab.lab.formulas import fed_formulas
+from kvlab.facts.formulas import fed_formulas
+from kvlab.facts.results import RESULTS
+from kvlab.facts.sheet import LAB_RESULTS
 from kvlab.engine.tokenizer import load_tokenizer
 
 from helpers import copy_workflow, course_config, dry_run_jobs, snakemake
@@ -112,7 +114,7 @@ def test_topp_alone_from_the_embedded_default(tmp_path):
 
 def test_changing_temperatures_reruns_only_temp_and_report(built, course):
     config = course_config(course, temp={"temperatures": [0.3, 1.0]})
-    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "lab_report_html": 1, "lab_tables": 1, "check": 1, "all": 1}
+    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "lab_report": 1, "lab_tables": 1, "check": 1, "all": 1}
 
 
 def test_params_compare_by_value(built, course):
@@ -136,8 +138,7 @@ def test_params_compare_by_value(built, course):
 
 
 # Result files that hold wall-clock times: two clean builds may differ there.
-TIMED_JSON = {"time.json", "time_runs.json", "sweep_runs.json", "batch_runs.json", "latency.json", "check.json",
-              "step_anatomy.json"}
+TIMED_JSON = {Path(result.path).name for result in RESULTS.values() if result.timed and result.path.endswith(".json")}
 
 
 def test_a_second_clean_build_matches_and_a_copied_one_reruns_nothing(tmp_path, course, course_build):
@@ -244,15 +245,14 @@ def test_english_report_keeps_the_headings(built, course, tmp_path):
 
 # --- the report's sentences follow the numbers ---------------------------------------------------
 
-# The report's inputs that the lab sheet's steps write: {input name: file stem}.
-REPORT_INPUTS = {"prompt": "prompt", "model_card": "model_card", "same": "same", "counts": "count", "time": "time",
-                 "time_runs": "time_runs", "kvbytes": "kvbytes", "temp": "temp", "temp_answers": "temp_answers",
-                 "topp": "topp", "topp_sharp": "topp_sharp"}
+# The report's inputs that the lab sheet's steps write: {input name: file stem}, from the registry.
+REPORT_INPUTS = {name: Path(RESULTS[name].path).stem
+                 for name in (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp")}
 
 
 def render_altered(built, tmp_path, language, **changes):
     """Copy the lab's result files, apply `changes` ({input name: function(dict) -> dict}), render the report."""
-    from kvlab.lab.report import render_report
+    from kvlab.present.report import render_report
 
     paths = {}
     for name, stem in REPORT_INPUTS.items():
@@ -287,7 +287,7 @@ def slow_cache(data):
 
 def slow_cache_runs(data):
     """time_runs.json of slow_cache's time.json: steady runs, twice as slow with the cache."""
-    from kvlab.lab import timing
+    from kvlab.facts import timing
 
     runs = {"with_cache": [1.98, 2.0, 2.02], "without_cache": [0.99, 1.0, 1.01]}
     summary = {mode: timing.summary(samples) for mode, samples in runs.items()}

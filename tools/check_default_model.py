@@ -11,7 +11,7 @@ exits 1 when a bar fails:
   * at the highest, at least 20 of 30 sampled answers are distinct;
   * pretrained model, next token after [bos] + lab.topp.prefix: top-p 0.9 keeps more than 10 tokens;
   * after [bos] + lab.topp.sharp_prefix: top-p 0.9 keeps at most 3.
-Sampling follows the lab exactly (kvlab.lab.steps): torch.manual_seed(seed) before each temperature.
+Sampling follows the lab exactly (kvlab.measure.steps): torch.manual_seed(seed) before each temperature.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import yaml
 from kvlab.default_model.corpus import LAB_VILLAGE
 from kvlab.engine.checkpoint import load_model
 from kvlab.engine.tokenizer import load_tokenizer
-from kvlab.lab import steps
+from kvlab.measure import steps
 
 ROOT = Path(__file__).resolve().parent.parent
 BARS = {"named_at_lowest": 24, "distinct_at_highest": 20, "broad_topp_0.9_more_than": 10, "sharp_topp_0.9_at_most": 3}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from kvlab.lab.sheet import LAB_RESULTS
+from kvlab.facts.sheet import LAB_RESULTS
+
 # The points and the tolerance the class is graded with: config.yaml's.
 GRADE = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text(encoding="utf-8"))["grade"]
 POINTS = GRADE["points"]

@@ -141,7 +141,6 @@ PEOPLE = [
     Person(name, VILLAGES[(i * 7 + 1) % len(VILLAGES)].name, JOBS[(i * 3) % len(JOBS)])
     for i, name in enumerate(_PEOPLE_TABLE)
 ]
-PERSON_BY_NAME = {p.name: p for p in PEOPLE}
 
 PLACES = ["시장", "강가", "산", "들판", "학교", "도서관", "다리", "우물가", "숲", "항구",
           "언덕", "정자", "논", "밭", "과수원", "마당", "장터", "호숫가", "바닷가", "찻집"]

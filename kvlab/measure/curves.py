@@ -1,12 +1,12 @@
 """Beyond the lab sheet: the lab's measurements repeated over a range of a knob.
 
-Every curve calls the lab's own functions (kvlab.lab.steps) at each point, so a curve
+Every curve calls the lab's own functions (kvlab.measure.steps) at each point, so a curve
 and the lab step it extends can never disagree about the rule they measure:
 
   * cost_sweep        steps 1-3 (fed tokens, same ids, median time) for several N;
   * step_latency      step 3's generation, timed one forward call at a time;
   * topp_curve        step 6's survivors for a grid of p;
-  * temperature_curve step 5's distinct answers for a grid of temperatures, with
+  * temp_curve        step 5's distinct answers for a grid of temperatures, with
                       the entropy of the distribution each token was drawn from.
 """
 
@@ -20,8 +20,9 @@ import torch
 
 from kvlab.engine import sampling
 from kvlab.engine.device import timing_context
-from kvlab.lab import steps, timing
-from kvlab.lab.formulas import MODES, fed_formulas
+from kvlab.measure import steps
+from kvlab.facts import timing
+from kvlab.facts.formulas import MODES, fed_formulas
 
 log = logging.getLogger("kvlab")
 
@@ -116,7 +117,7 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     """Time every forward call of the greedy generation, in both modes.
 
     Each mode runs `warmup` untimed generations, then timed ones, `repeats` and more while the
-    whole generations' times are unstable, for at most `max_seconds` (kvlab.lab.timing.repeat).
+    whole generations' times are unstable, for at most `max_seconds` (kvlab.facts.timing.repeat).
     Each step's time is the median over the timed generations; TTFT is the first step (the prefill
     of the whole prompt), TPOT the median of the later steps. Every step of both modes fits
     seconds = fixed + per_token * fed (the cached steps, one token each, pin the fixed cost; the
@@ -238,7 +239,7 @@ class SampledEntropy:
         return self.total_nats / self.tokens if self.tokens else float("nan")
 
 
-def temperature_curve(model, tokenizer, question: str, temperatures, samples: int, max_new_tokens: int,
+def temp_curve(model, tokenizer, question: str, temperatures, samples: int, max_new_tokens: int,
                       seed: int, device) -> tuple[list[dict], dict]:
     """Step 5 at every temperature (each reseeded, as the lab does): distinct answers of `samples`
     and the mean per-token entropy of the sampled distribution. Returns (rows, answers by key)."""

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 from kvlab.io import read_json
-from kvlab.lab.formulas import fed_formulas
-from kvlab.lab.report import sandboxed_template
-from kvlab.lab.sheet import LAB_RESULTS
+from kvlab.facts.formulas import fed_formulas
+from kvlab.present.pages import sandboxed_template
+from kvlab.facts.sheet import LAB_RESULTS
 
 # Every string the page shows, by language (config `report.language`); step titles by the name of
-# their result file (kvlab.lab.sheet.LAB_RESULTS).
+# their result file (kvlab.facts.sheet.LAB_RESULTS).
 TEXT = {
     "en": {
         "page_title": "The lab sheet's results",

@@ -1,6 +1,6 @@
 """Grade a class: the class sheet, one student's folder as a Gradescope results file, the class table.
 
-Every test is a rule of kvlab.lab.check (RULES, in the sheet's order), held to an answer key: the
+Every test is a rule of kvlab.grade.check (RULES, in the sheet's order), held to an answer key: the
 workflow's own results on the same checkpoints. The formats are the ones graders already use:
 
 - the class sheet is a tab-separated table read with pandas, as the Snakemake catalog's sample
@@ -20,13 +20,17 @@ from pathlib import Path
 
 import jsonschema
 
-from kvlab.lab.check import RULES, Settings, check_results
-from kvlab.lab.sheet import HANDED_IN
+from kvlab.facts.sheet import HANDED_IN
+from kvlab.grade.check import RULES, Settings, check_results
 
 REQUIRED_COLUMNS = ("student_id", "results")
 # A student id names a folder under results/class/ and a Snakemake wildcard: letters, digits, . _ -
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 NO_SUBMISSION = "no submission"
+# The answer key: the workflow's own results of these sheet files, on the same checkpoints.
+KEY_RESULTS = ("temp", "topp", "kvbytes")
+NO_SHEET = ("config key 'grade.class_sheet' is not set: give the class sheet, a TSV of student_id and results "
+            "(e.g. --config grade='{class_sheet: examples/class/students.tsv}'); see docs/teaching.md")
 
 
 class ClassSheetError(ValueError):
@@ -101,8 +105,22 @@ def submitted_files(folder) -> list[str]:
     return found
 
 
+def student_inputs(student: dict, key_paths: dict[str, str]) -> dict:
+    """A student's job inputs: the answer key's files, and the sheet's files the student's folder holds
+    now (a resubmitted or added file reruns this student's job only; a missing one is the job's
+    verdict, not Snakemake's error)."""
+    return {**key_paths, "submitted": submitted_files(student["results"])}
+
+
+def class_outputs(students: dict, paths: list[str]) -> list[str]:
+    """What `grade` builds (`paths`), refused in one line when the class sheet names no students."""
+    if not students:
+        raise ClassSheetError(NO_SHEET)
+    return paths
+
+
 def load_key(paths: dict) -> dict:
-    """The answer key: the workflow's own {"temp", "topp", "kvbytes"} results ({name: path})."""
+    """The answer key: the workflow's own KEY_RESULTS ({name: path})."""
     return {name: json.loads(Path(path).read_text(encoding="utf-8")) for name, path in paths.items()}
 
 

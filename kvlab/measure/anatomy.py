@@ -38,7 +38,8 @@ from kvlab.engine import model as engine_model
 from kvlab.engine import sampling
 from kvlab.engine.device import timing_context
 from kvlab.engine.model import KV_CACHES, Attention, MiniMindForCausalLM, RMSNorm, StaticCache
-from kvlab.lab import steps, timing
+from kvlab.measure import steps
+from kvlab.facts import timing
 
 # What a step's time is spent on: the fixed cost, then the arithmetic of the operators by what they do.
 COMPUTE_PARTS = ("matmul", "attention", "norm", "rope", "cache", "sampling", "other_operators")
@@ -49,7 +50,7 @@ STEPS = ("with_cache_cat", "with_cache_static", "without_cache")
 # repeat_kv's reshape is a view instead of a copy, and the copy would call other operators.
 SHRUNK_SIZES = {"hidden_size": 8, "head_dim": 2, "intermediate_size": 8}
 SCOPE = "kvlab::"
-# generate's knobs as steps 1-3 set them (kvlab.lab.steps.GREEDY), generate's own defaults for the rest
+# generate's knobs as steps 1-3 set them (kvlab.measure.steps.GREEDY), generate's own defaults for the rest
 _GENERATE = inspect.signature(MiniMindForCausalLM.generate).parameters
 GREEDY_KNOBS = {knob: steps.GREEDY.get(knob, _GENERATE[knob].default)
                 for knob in ("temperature", "top_k", "top_p", "repetition_penalty", "do_sample")}
@@ -167,7 +168,7 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     step and the copy's in turn, without the profiler; then one profiler session of
     `profile_repeats` labelled calls of each, in turn. Each call of the model is paired with the
     copy's right after it, so a drift of the machine reaches both. Per step:
-    - `step`: the model's step unprofiled (median, quartiles, spread; kvlab.lab.timing), and
+    - `step`: the model's step unprofiled (median, quartiles, spread; kvlab.facts.timing), and
       `fixed` the copy's the same way;
     - `width_ms`: the median of the unprofiled pairs' differences, what the model's widths cost;
       `ms["fixed"]` is the step's median less it: the copy's step, set on the model's clock;

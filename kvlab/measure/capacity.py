@@ -1,7 +1,7 @@
 """How many requests' KV caches fit in a memory budget: the lab's step 4 turned into serving capacity.
 
 Bytes per token come from the lab's formula (MiniMindConfig.kv_bytes_per_token) and from a
-cache actually measured (kvlab.lab.steps.measure_kv_bytes) for each architecture and dtype.
+cache actually measured (kvlab.measure.steps.measure_kv_bytes) for each architecture and dtype.
 The budget is memory for the cache alone; a server such as vLLM first takes the
 weights and activations off the card's memory, and allocates the cache in blocks.
 """
@@ -16,12 +16,12 @@ import torch
 from kvlab.engine.config import MiniMindConfig
 from kvlab.engine.device import resolve_dtype
 from kvlab.engine.model import MiniMindForCausalLM
-from kvlab.lab import steps
-from kvlab.lab.compare import architecture_config
+from kvlab.facts.compare import architecture_config
+from kvlab.facts.formulas import GIB
+from kvlab.measure import steps
 
 log = logging.getLogger("kvlab")
 
-GIB = 1024**3
 # Only the cache's shape matters here: a short position table keeps the throwaway models small.
 MEASURE_POSITIONS = 256
 

@@ -14,8 +14,8 @@ from kvlab.engine.device import dtype_name, timing_context
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
 from kvlab.engine.sampling import top_p_keep
 from kvlab.engine.tokenizer import Tokenizer
-from kvlab.lab import timing
-from kvlab.lab.formulas import MODES
+from kvlab.facts import timing
+from kvlab.facts.formulas import MODES
 
 # Greedy decoding with every knob off, as the lab sheet asks for steps 1-3.
 GREEDY = dict(do_sample=False, top_k=0, top_p=1.0, eos_token_id=None)
@@ -122,7 +122,7 @@ def use_threads(threads: int) -> None:
 def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
                     device) -> tuple[dict, dict]:
     """Step 3: in each mode, `warmup` untimed greedy generations, then `repeats` timed ones and more
-    while their spread is unstable, for at most `max_seconds` (kvlab.lab.timing.repeat).
+    while their spread is unstable, for at most `max_seconds` (kvlab.facts.timing.repeat).
 
     Returns (time.json: the sheet's three keys, medians and their ratio; time_runs.json: every
     sample, each mode's summary, the speedup's interval and what the timing ran on)."""

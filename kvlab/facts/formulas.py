@@ -1,10 +1,13 @@
-"""The lab's closed forms and labels, free of PyTorch so that the jobs that only read
-results (check, report, figures) can use them without loading it."""
+"""The lab's closed forms, and the names of its modes and columns, free of PyTorch so that the
+jobs that only read results (check, report, figures) can use them without loading it."""
 
 from __future__ import annotations
 
 # The two ways the lab generates: (label in the result files, use_cache).
 MODES = (("with_cache", True), ("without_cache", False))
+# The two ways `batch` fills B rows: one prompt shared by every row, or B different prompts.
+BATCH_MODES = ("shared", "distinct")
+GIB = 1024**3
 
 
 def fed_formulas(prompt_len: int, new_tokens: int) -> dict:

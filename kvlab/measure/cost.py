@@ -1,7 +1,7 @@
-"""One model's cost, measured the lab's way, for the comparison of models (kvlab.lab.compare):
+"""One model's cost, measured the lab's way, for the comparison of models (kvlab.facts.compare):
 tokens fed, same ids, median times, TTFT/TPOT with the fixed-cost fit, KV bytes per token.
 
-Every number comes from the lab's own functions (kvlab.lab.steps, curves, capacity): no second
+Every number comes from the lab's own functions (kvlab.measure.steps, curves, capacity): no second
 implementation of counting, timing or fitting. The median times and the per-step fit come from one
 set of timed runs (curves.step_latency times each whole generation as well as each step), which
 halves the cost of the biggest models' job.
@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from kvlab.engine.device import dtype_name
 from kvlab.engine.model import count_parameters
-from kvlab.lab import capacity, curves, steps, timing
-from kvlab.lab.formulas import MODES, fed_formulas
+from kvlab.measure import capacity, curves, steps
+from kvlab.facts import timing
+from kvlab.facts.formulas import MODES, fed_formulas
 
 
 def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
                  kv_tokens: int, seed: int, device) -> dict:
     """cost.json for one model: steps 1-2 (same ids, fed tokens counted by wrapping `forward`), step 3's
     median times with the speedup's interval and the per-step latency with its fixed-cost fit (one set
-    of timed runs, measured by kvlab.lab.curves.step_latency: `repeats` runs per mode and more while
+    of timed runs, measured by kvlab.measure.curves.step_latency: `repeats` runs per mode and more while
     unstable, after `warmup`, each whole generation timed as well as each step; the fit made on each
     pair of runs too, for its spread), and step 4's bytes per token. `prompt_ids` are already cut to P."""
     config = model.config

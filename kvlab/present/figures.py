@@ -24,8 +24,8 @@ import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
 from kvlab.io import atomic_path  # noqa: E402
-from kvlab.lab.compare import average_step_s, fixed_share  # noqa: E402
-from kvlab.lab.formulas import VLLM_PAPER, fits_budgets  # noqa: E402
+from kvlab.facts.compare import average_step_s, fixed_share  # noqa: E402
+from kvlab.facts.formulas import VLLM_PAPER, fits_budgets  # noqa: E402
 
 LANGUAGES = ("ko", "en")
 WITH_CACHE_COLOR = "tab:blue"
@@ -104,11 +104,6 @@ TEXT = {
         "paper_vllm_tick": "paper:\nvLLM",
         "ideal_scaling": "if a step cost the same at every B",
         "kv_waste_title": "What the reserved cache holds ({requests} real requests), by how it is reserved",
-        "score": "score (points)",
-        "students": "students",
-        "scores_title": "Scores of the class ({students} students, maximum {max_score})",
-        "pass_rate": "students who handed in a folder and passed (%)",
-        "tests_title": "Pass rate of each test ({graded} folders): which step the class found hard",
         "part_matmul": "matrix products",
         "part_attention": "attention",
         "part_norm": "norms",
@@ -201,11 +196,6 @@ TEXT = {
         "paper_vllm_tick": "논문:\nvLLM",
         "ideal_scaling": "스텝 시간이 B와 상관없다면",
         "kv_waste_title": "잡는 법마다 잡아 둔 캐시가 담는 것 (실제 요청 {requests}개)",
-        "score": "점수",
-        "students": "학생 수",
-        "scores_title": "반의 점수 분포 (학생 {students}명, 만점 {max_score}점)",
-        "pass_rate": "제출한 학생 중 통과한 비율 (%)",
-        "tests_title": "테스트별 통과율 (제출 {graded}건): 반이 어려워한 단계",
         "part_matmul": "행렬 곱",
         "part_attention": "어텐션",
         "part_norm": "정규화",
@@ -257,10 +247,13 @@ def font_families(language: str) -> list[str]:
 
 
 @contextmanager
-def _drawing(language: str):
-    """Draw in `language`'s fonts; yields the function that looks up a label."""
+def drawing(language: str, labels: dict | None = None):
+    """Draw in `language`'s fonts; yields the function that looks up a label (in `labels`, by
+    language, TEXT by default)."""
+    labels = labels or TEXT
+
     def text(key: str, **values) -> str:
-        return TEXT[language][key].format(**values)
+        return labels[language][key].format(**values)
 
     with plt.rc_context({"font.family": font_families(language), "axes.unicode_minus": True}):
         yield text
@@ -280,7 +273,7 @@ def drawn_text(fig) -> tuple[str, list[str]]:
     return title or (labels[0] if labels else ""), labels
 
 
-def _save(fig, path) -> None:
+def save(fig, path) -> None:
     """Lay out and save `fig` as a PNG whose Title and Description metadata hold its text."""
     fig.tight_layout()
     title, labels = drawn_text(fig)
@@ -289,13 +282,13 @@ def _save(fig, path) -> None:
     plt.close(fig)
 
 
-def cost_curve(rows: list[dict], path, language: str = "en") -> None:
+def cost_curves(rows: list[dict], path, language: str = "en") -> None:
     """Left: tokens fed to forward against N, measured points on both formulas (log-log, so
     the slopes read as growth orders). Right: median generation time against N."""
     n = np.array([row["new_tokens"] for row in rows])
     prompt_len = rows[0]["prompt_len"]
     fine = np.linspace(n.min(), n.max(), 200)
-    with _drawing(language) as text:
+    with drawing(language) as text:
         with_cache = {"color": WITH_CACHE_COLOR, "label": text("with_cache")}
         without_cache = {"color": WITHOUT_CACHE_COLOR, "label": text("without_cache")}
         fig, (tokens_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
@@ -324,12 +317,12 @@ def cost_curve(rows: list[dict], path, language: str = "en") -> None:
         time_ax.grid(True, alpha=0.3)
         time_ax.legend(fontsize=8)
         fig.suptitle(text("cost_title"))
-        _save(fig, path)
+        save(fig, path)
 
 
-def latency_curve(latency: dict, path, language: str = "en") -> None:
+def step_times(latency: dict, path, language: str = "en") -> None:
     """Step time against the context the step attends over, both modes, with the fitted line."""
-    with _drawing(language) as text:
+    with drawing(language) as text:
         fig, ax = plt.subplots(figsize=(11, 4.8))
         for label, color, marker in (("without_cache", WITHOUT_CACHE_COLOR, "s"),
                                      ("with_cache", WITH_CACHE_COLOR, "o")):
@@ -349,17 +342,17 @@ def latency_curve(latency: dict, path, language: str = "en") -> None:
         ax.set_title(text("steps_title", new_tokens=latency["new_tokens"], repeats=latency["repeats"]))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        _save(fig, path)
+        save(fig, path)
 
 
-def topp_curve(rows: list[dict], path, language: str = "en") -> None:
+def topp_survivors(rows: list[dict], path, language: str = "en") -> None:
     """Survivors of top-p against p, after each of the two prefixes; the whole vocabulary as a
     ceiling, and the lab sheet's p values marked. The legend quotes the prefixes only: which of
     them leaves more candidates is for the data to show, not the label."""
     ps = [row["p"] for row in rows]
     vocab_size = rows[0]["vocab_size"]
     marked_ps = [row["p"] for row in rows if row["lab_p"]]
-    with _drawing(language) as text:
+    with drawing(language) as text:
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         ax.plot(ps, [row["flat"] for row in rows], "o-", color="tab:green", ms=4,
                 label=text("after_prefix", prefix=rows[0]["flat_prefix"]))
@@ -374,17 +367,17 @@ def topp_curve(rows: list[dict], path, language: str = "en") -> None:
         ax.set_title(text("topp_title"))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=9, loc="upper left")
-        _save(fig, path)
+        save(fig, path)
 
 
-def temperature_curve(rows: list[dict], path, language: str = "en") -> None:
+def temperature_effect(rows: list[dict], path, language: str = "en") -> None:
     """Left: distinct answers against temperature, up to all of them. Right: the mean entropy
     of the distributions the tokens were drawn from, up to that of a uniform pick."""
     temperatures = [row["temperature"] for row in rows]
     samples = rows[0]["samples"]
     vocab_size = rows[0]["vocab_size"]
     uniform = float(np.log(vocab_size))
-    with _drawing(language) as text:
+    with drawing(language) as text:
         fig, (distinct_ax, entropy_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
 
         distinct_ax.plot(temperatures, [row["distinct"] for row in rows], "o-", color="tab:orange",
@@ -408,16 +401,16 @@ def temperature_curve(rows: list[dict], path, language: str = "en") -> None:
         entropy_ax.grid(True, alpha=0.3)
         entropy_ax.legend(loc="center left", fontsize=9)
         fig.suptitle(text("temperature_title"))
-        _save(fig, path)
+        save(fig, path)
 
 
-def compare_curve(rows: list[dict], path, language: str = "en") -> None:
+def compare(rows: list[dict], path, language: str = "en") -> None:
     """Left: measured and predicted speedup against parameter count (log x), under the token ratio.
     Right: an average step of each mode (one token fed with the cache, P + (N-1)/2 without) split into
     the fit's fixed and per-token parts, as shares of the step's time (total in ms on top)."""
     params = np.array([row["parameters"] for row in rows], dtype=float)
     names = [row["name"] for row in rows]
-    with _drawing(language) as text:
+    with drawing(language) as text:
         fig, (speed_ax, split_ax) = plt.subplots(1, 2, figsize=(11.5, 4.6))
 
         ratios = sorted({round(row["token_ratio"], 6) for row in rows})
@@ -471,14 +464,14 @@ def compare_curve(rows: list[dict], path, language: str = "en") -> None:
         split_ax.grid(True, axis="y", alpha=0.3)
         split_ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
         fig.suptitle(text("compare_title"))
-        _save(fig, path)
+        save(fig, path)
 
 
-def batch_curve(rows: list[dict], path, language: str = "en") -> None:
+def batch(rows: list[dict], path, language: str = "en") -> None:
     """Left: decode throughput against B, both modes, with each point's interval. Right: a decode
     step's median time against B: flat while the step's fixed cost dominates, rising once rows do."""
     styles = {"shared": ("tab:blue", "o"), "distinct": ("tab:orange", "s")}
-    with _drawing(language) as text:
+    with drawing(language) as text:
         fig, (speed_ax, step_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
         top = max(row["S_TG_high"] for row in rows)
         for mode, (color, marker) in styles.items():
@@ -509,17 +502,17 @@ def batch_curve(rows: list[dict], path, language: str = "en") -> None:
         step_ax.set_ylabel(text("step_ms"))
         step_ax.set_title(text("step_ms_title"))
         fig.suptitle(text("batch_title", tg=rows[0]["TG"]))
-        _save(fig, path)
+        save(fig, path)
 
 
-def kv_waste_bars(rows: list[dict], path, language: str = "en") -> None:
+def kv_waste(rows: list[dict], path, language: str = "en") -> None:
     """One stacked bar per reservation policy: the shares of its reserved bytes that hold token states,
     are held for tokens still to come, and are never used; how many requests fit on top; the vLLM
     paper's token-state shares drawn beside, labelled as theirs."""
     parts = (("token_share", "token_states", "tab:green"), ("reservation_share", "reservation", "tab:olive"),
              ("internal_fragmentation_share", "internal_fragmentation", "tab:red"))
     budget, column = next(iter(fits_budgets(rows[0]).items()))
-    with _drawing(language) as text:
+    with drawing(language) as text:
         fig, ax = plt.subplots(figsize=(12, 5))
         positions = np.arange(len(rows))
         bottom = np.zeros(len(rows))
@@ -547,41 +540,7 @@ def kv_waste_bars(rows: list[dict], path, language: str = "en") -> None:
         ax.set_ylabel(text("reserved_share"))
         ax.set_title(text("kv_waste_title", requests=rows[0]["requests"]))
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        _save(fig, path)
-
-
-def class_scores(rows: list[dict], path, language: str = "en") -> None:
-    """A histogram of the class's scores, one bar per possible score (grades.csv)."""
-    max_score = int(rows[0]["max_score"])
-    counts = np.bincount([int(row["score"]) for row in rows], minlength=max_score + 1)
-    with _drawing(language) as text:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        ax.bar(np.arange(max_score + 1), counts, 0.8, color="tab:blue")
-        ax.set_xticks(np.arange(max_score + 1))
-        ax.set_xlim(-0.6, max_score + 0.6)
-        ax.yaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel(text("score"))
-        ax.set_ylabel(text("students"))
-        ax.set_title(text("scores_title", students=len(rows), max_score=max_score))
-        _save(fig, path)
-
-
-def class_tests(rows: list[dict], path, language: str = "en") -> None:
-    """One horizontal bar per test, in the sheet's order: the share of the folders handed in that
-    passed it (tests.csv)."""
-    rates = np.array([0.0 if row["graded"] == 0 else 100 * row["passed"] / row["graded"] for row in rows])
-    with _drawing(language) as text:
-        fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-        positions = np.arange(len(rows))[::-1]
-        ax.barh(positions, rates, 0.6, color=["tab:red" if rate < 50 else "tab:green" for rate in rates])
-        for y, row, rate in zip(positions, rows, rates):
-            ax.annotate(f"{row['passed']}/{row['graded']}", (rate, y), textcoords="offset points", xytext=(3, 0),
-                        va="center", fontsize=8)
-        ax.set_yticks(positions, [f"{row['number']}. {row['test']}" for row in rows], fontsize=8)
-        ax.set_xlim(0, 110)
-        ax.set_xlabel(text("pass_rate"))
-        ax.set_title(text("tests_title", graded=rows[0]["graded"]))
-        _save(fig, path)
+        save(fig, path)
 
 
 ANATOMY_COLORS = {"fixed": "lightgray", "matmul": "tab:blue", "attention": "tab:orange", "norm": "tab:green",
@@ -589,7 +548,7 @@ ANATOMY_COLORS = {"fixed": "lightgray", "matmul": "tab:blue", "attention": "tab:
 CURVE_STYLES = {"cat": (WITH_CACHE_COLOR, "o"), "static": ("tab:green", "s"), "compiled": ("tab:purple", "^")}
 
 
-def step_anatomy_figure(data: dict, path, language: str = "en") -> None:
+def step_anatomy(data: dict, path, language: str = "en") -> None:
     """Left: the lab's last step, three ways, as stacked bars of milliseconds by part (fixed cost, then
     the computation by what it does), each with the step timed without the profiler as a black mark
     and its quartiles: where the bar ends by the mark, the parts add up. Right: one decode step
@@ -597,7 +556,7 @@ def step_anatomy_figure(data: dict, path, language: str = "en") -> None:
     anatomy, curve = data["anatomy"], data["curve"]
     labels = {"with_cache_cat": "step_cat", "with_cache_static": "step_static", "without_cache": "step_uncached"}
     names = anatomy["steps"]
-    with _drawing(language) as text:
+    with drawing(language) as text:
         fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [1.2, 1]})
         positions = np.arange(len(names))[::-1]
         ends = np.zeros(len(names))
@@ -633,4 +592,4 @@ def step_anatomy_figure(data: dict, path, language: str = "en") -> None:
         right.set_title(text("curve_title"))
         right.legend(fontsize=8)
         fig.suptitle(text("step_anatomy_title"))
-        _save(fig, path)
+        save(fig, path)

@@ -14,7 +14,7 @@ the same device, run the lab's own prompts and settings:
   MiniMind's as the number of tokens its `generate` gives a probability above zero when it samples.
 
 Each check says `identical` (bit for bit), or where the two first part and the values there.
-The prompts and generation settings are kvlab.lab.steps' functions, called on both models.
+The prompts and generation settings are kvlab.measure.steps' functions, called on both models.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import torch
 
 from kvlab.engine.checkpoint import CheckpointError, check_keys_and_shapes, read_state_dict
 from kvlab.engine.tokenizer import Tokenizer
-from kvlab.lab import steps
-from kvlab.lab.formulas import MODES
-from kvlab.lab.minimind_src import MODULE_NAME, MiniMindSourceError, load_source
+from kvlab.measure import steps
+from kvlab.facts.formulas import MODES
+from kvlab.measure.minimind_src import MODULE_NAME, MiniMindSourceError, load_source
 
 log = logging.getLogger("kvlab")
 

@@ -3,7 +3,7 @@
 RULES holds one rule per thing the sheet grades, in the sheet's order. A rule reads the files it
 needs through `Folder` and returns (ok, detail); a file it cannot use fails that rule only, with the
 reason in its detail. `check_results` runs them all. The `check` rule (this build's own folder)
-and the `grade` rules (a class of students' folders, against an answer key: kvlab.lab.grading)
+and the `grade` rules (a class of students' folders, against an answer key: kvlab.grade.classroom)
 both call it, so each rule of the sheet is written once.
 
 A folder may be a student's, so it is untrusted: files are read, never executed; only the sheet's
@@ -21,9 +21,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.lab.formulas import fed_formulas
-from kvlab.lab.sheet import HANDED_IN, KV_HEADING, LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
-from kvlab.lab.timing import UNSTABLE_IQR_SHARE
+from kvlab.facts.formulas import fed_formulas
+from kvlab.facts.sheet import HANDED_IN, KV_HEADING, LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
+from kvlab.facts.timing import UNSTABLE_IQR_SHARE
 
 # A file larger than this is not read (extras.check and grade.max_file_bytes set it).
 DEFAULT_MAX_BYTES = 1 << 20
@@ -114,7 +114,7 @@ class Folder:
         return value
 
     def result(self, name: str) -> dict:
-        """The lab sheet's result file `name` (kvlab.lab.sheet.LAB_RESULTS), e.g. "counts"."""
+        """The lab sheet's result file `name` (kvlab.facts.sheet.LAB_RESULTS), e.g. "counts"."""
         return self.json(LAB_RESULTS[name])
 
     def report(self) -> str:
@@ -324,10 +324,6 @@ def _after_word(words) -> re.Pattern:
 
 SPEEDUP_AFTER, SPEEDUP_LABELLED = _after_unit(SPEEDUP_UNITS), _after_word(SPEEDUP_WORDS)
 BYTES_AFTER, BYTES_LABELLED = _after_unit(BYTE_UNITS), _after_word(BYTE_WORDS)
-ROUNDING_RULE = ("a number followed by ×, x, 배 or times, or after the word speedup or 배율, written with at "
-                 "least 2 significant digits, equal to the speedup rounded to the decimals written; "
-                 "bytes: the exact integer (thousands separators allowed) followed by bytes, B or 바이트, "
-                 "or after measured_bytes, or in KiB or MiB with at least 3 significant digits, rounded")
 
 
 def kv_section(report: str) -> str | None:

@@ -1,0 +1,159 @@
+"""Every file the workflow writes for a reader, declared once: its name, path, caption and place in
+`snakemake --report`. The rules (their outputs, `rule all`, the figure rules), `scripts/figure.py`,
+the report's inputs and the tests read these; nothing else spells a result's path.
+
+One name a result, from rule to file to caption: the result `latency` is written by rule `latency` to
+`results/latency.json`, captioned by `report/latency.rst`, and read by the report as `latency`. A
+figure is named by its file: `step_times` is drawn by rule `figure_step_times`, by the function
+`step_times` of its drawing module, to `results/figures/step_times.png`, captioned by
+`report/figures/step_times.rst`, from the result its `data` names. Two names depart from their files,
+each for a reason outside the workflow: step 2's `counts` (the sheet names the file count.json, and
+Snakemake reserves `count`), and the class page's `class_page` (results/class/class.html).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvlab.facts.sheet import LAB_RESULTS, REPORT_FILE
+
+# `snakemake --report`'s categories.
+LAB_SHEET = "Lab sheet"
+LAB_REPORT = "Lab report"
+BEYOND = "Beyond the lab"
+CLASS = "Class"
+CLASS_FOLDER = "results/class"
+
+
+@dataclass(frozen=True)
+class Result:
+    """A file the workflow writes. `category` None: a detail the report reads, not shown by itself.
+    `timed`: it holds wall-clock times (or what follows from them), so two builds differ there."""
+
+    name: str
+    path: str
+    category: str | None = None
+    subcategory: str | None = None
+    timed: bool = False
+
+    @property
+    def caption(self) -> str:
+        """Its caption for `snakemake --report`, relative to the workflow's folder."""
+        return f"report/{self.name}.rst"
+
+
+# Where the lab's figures are drawn (the class's are drawn by kvlab.grade.class_page).
+FIGURES_MODULE = "kvlab.present.figures"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure drawn from the result `data` by the function `name` of module `drawn_by`."""
+
+    name: str
+    data: str
+    drawn_by: str = FIGURES_MODULE
+    folder: str = "results/figures"
+
+    @property
+    def rule(self) -> str:
+        return f"figure_{self.name}"
+
+    @property
+    def path(self) -> str:
+        return f"{self.folder}/{self.name}.png"
+
+    @property
+    def caption(self) -> str:
+        return f"report/figures/{self.name}.rst"
+
+    @property
+    def category(self) -> str:
+        return RESULTS[self.data].category
+
+    @property
+    def subcategory(self) -> str | None:
+        return RESULTS[self.data].subcategory
+
+
+def _results(*results: Result) -> dict[str, Result]:
+    return {result.name: result for result in results}
+
+
+RESULTS = _results(
+    # the lab sheet's steps 1-6, and their numbers as tables for the HTML report
+    *(Result(name, f"results/{file}", LAB_SHEET, timed=name == "time") for name, file in LAB_RESULTS.items()),
+    Result("lab_tables", "results/lab_tables.html", LAB_SHEET, timed=True),
+    # step 7, and the same as one page with its figures
+    Result("report", f"results/{REPORT_FILE}", LAB_REPORT, timed=True),
+    Result("lab_report", "results/lab_report.html", LAB_REPORT, timed=True),
+    # what the steps write beside the sheet's files
+    Result("prompt", "results/prompt.json"),
+    Result("model_card", "results/model_card.json"),
+    Result("time_runs", "results/time_runs.json", timed=True),
+    Result("temp_answers", "results/temp_answers.json"),
+    Result("topp_sharp", "results/topp_sharp.json"),
+    Result("check", "results/check.json", timed=True),
+    # beyond the sheet, each a section of the HTML report
+    Result("sweep", "results/sweep.csv", BEYOND, "Cost curves", timed=True),
+    Result("sweep_runs", "results/sweep_runs.json", timed=True),
+    Result("latency", "results/latency.json", BEYOND, "Latency split", timed=True),
+    Result("step_anatomy", "results/step_anatomy.json", BEYOND, "Step anatomy", timed=True),
+    Result("kv_capacity", "results/kv_capacity.csv", BEYOND, "KV capacity"),
+    Result("topp_curve", "results/topp_curve.csv", BEYOND, "Top-p curve"),
+    Result("temp_curve", "results/temp_curve.csv", BEYOND, "Temperature curve"),
+    Result("temp_curve_answers", "results/temp_curve_answers.json"),
+    Result("compare", "results/compare.csv", BEYOND, "Model comparison", timed=True),
+    Result("batch", "results/batch.tsv", BEYOND, "Batching", timed=True),
+    Result("batch_runs", "results/batch_runs.json", timed=True),
+    Result("kv_waste", "results/kv_waste.csv", BEYOND, "KV reservation"),
+    Result("kv_waste_requests", "results/kv_waste_requests.json"),
+    # only with the config's minimind_src
+    Result("fidelity", "results/fidelity.json", BEYOND, "Fidelity to MiniMind"),
+    # grading a class (`snakemake grade`)
+    Result("grades", f"{CLASS_FOLDER}/grades.csv", CLASS),
+    Result("tests", f"{CLASS_FOLDER}/tests.csv", CLASS),
+    Result("class_page", f"{CLASS_FOLDER}/class.html", CLASS),
+)
+
+FIGURES = {
+    figure.name: figure
+    for figure in (
+        Figure("cost_curves", "sweep"),
+        Figure("step_times", "latency"),
+        Figure("topp_survivors", "topp_curve"),
+        Figure("temperature_effect", "temp_curve"),
+        Figure("compare", "compare"),
+        Figure("batch", "batch"),
+        Figure("kv_waste", "kv_waste"),
+        Figure("step_anatomy", "step_anatomy"),
+        Figure("class_scores", "grades", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
+        Figure("class_tests", "tests", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
+    )
+}
+
+# The results the report's template reads, by name: the lab's and everything beyond it (fidelity's only
+# where it ran), never the pages made from the report or the class's.
+REPORT_READS = tuple(name for name, result in RESULTS.items()
+                     if result.category in (LAB_SHEET, BEYOND, None) and name not in ("lab_tables", "check"))
+OPTIONAL = ("fidelity",)
+
+
+def lab_figures() -> list[Figure]:
+    """The figures of the lab's build (not the class's)."""
+    return [figure for figure in FIGURES.values() if figure.category != CLASS]
+
+
+def built_by_all(with_fidelity: bool) -> list[str]:
+    """What `rule all` builds: every result a reader sees but the class's (`grade` builds those) and
+    fidelity's where minimind_src is not set, and the lab's figures."""
+    shown = [result.path for name, result in RESULTS.items()
+             if result.category in (LAB_SHEET, LAB_REPORT, BEYOND) and (with_fidelity or name not in OPTIONAL)]
+    return shown + [figure.path for figure in lab_figures()]
+
+
+def report_inputs(with_fidelity: bool) -> dict[str, str]:
+    """The report's inputs, by the name the template reads each by: every result it reads, and each of
+    the lab's figures by its rule's name."""
+    inputs = {name: RESULTS[name].path for name in REPORT_READS if with_fidelity or name not in OPTIONAL}
+    return {**inputs, **{figure.rule: figure.path for figure in lab_figures()}}

@@ -1,0 +1,85 @@
+"""The class page (results/class/class.html) and its two figures: the class's scores and each test's
+pass rate. A student's text is escaped, never markup."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kvlab.grade.classroom import class_rows, pass_rate_rows
+from kvlab.present.figures import drawing, save
+from kvlab.present.pages import sandboxed_template
+
+# Every string the figures draw, by language.
+TEXT = {
+    "en": {
+        "score": "score (points)",
+        "students": "students",
+        "scores_title": "Scores of the class ({students} students, maximum {max_score})",
+        "pass_rate": "students who handed in a folder and passed (%)",
+        "tests_title": "Pass rate of each test ({graded} folders): which step the class found hard",
+    },
+    "ko": {
+        "score": "점수",
+        "students": "학생 수",
+        "scores_title": "반의 점수 분포 (학생 {students}명, 만점 {max_score}점)",
+        "pass_rate": "제출한 학생 중 통과한 비율 (%)",
+        "tests_title": "테스트별 통과율 (제출 {graded}건): 반이 어려워한 단계",
+    },
+}
+
+
+def class_page(template_path, graded: list[dict], figure_paths, language: str) -> str:
+    """The class page (results/class/class.html) from the students' results.json files: the summary,
+    each test's pass rate, the figures embedded, and each student's row with the tests not passed
+    and their output. Rendered with autoescape: names and outputs quote what students wrote."""
+    figures = {Path(path).stem: base64.b64encode(Path(path).read_bytes()).decode("ascii") for path in figure_paths}
+    grades = class_rows(graded)
+    scores = sorted(row["score"] for row in grades)
+    middle = len(scores) // 2
+    median = scores[middle] if len(scores) % 2 else (scores[middle - 1] + scores[middle]) / 2
+    summary = {"students": len(grades), "handed_in": sum(1 for r in graded if r["extra_data"]["submitted"]),
+               "max_score": grades[0]["max_score"], "median": median,
+               "full_marks": sum(1 for row in grades if row["score"] == row["max_score"])}
+    students = [{**row, "submitted": result["extra_data"]["submitted"],
+                 "failed": [test for test in result["tests"] if test["status"] == "failed"]}
+                for row, result in zip(grades, graded)]
+    return sandboxed_template(template_path, autoescape=True).render(
+        lang=language, summary=summary, tests=pass_rate_rows(graded), students=students, figures=figures)
+
+
+def class_scores(rows: list[dict], path, language: str = "en") -> None:
+    """A histogram of the class's scores, one bar per possible score (grades.csv)."""
+    max_score = int(rows[0]["max_score"])
+    counts = np.bincount([int(row["score"]) for row in rows], minlength=max_score + 1)
+    with drawing(language, TEXT) as text:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.bar(np.arange(max_score + 1), counts, 0.8, color="tab:blue")
+        ax.set_xticks(np.arange(max_score + 1))
+        ax.set_xlim(-0.6, max_score + 0.6)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel(text("score"))
+        ax.set_ylabel(text("students"))
+        ax.set_title(text("scores_title", students=len(rows), max_score=max_score))
+        save(fig, path)
+
+
+def class_tests(rows: list[dict], path, language: str = "en") -> None:
+    """One horizontal bar per test, in the sheet's order: the share of the folders handed in that
+    passed it (tests.csv)."""
+    rates = np.array([0.0 if row["graded"] == 0 else 100 * row["passed"] / row["graded"] for row in rows])
+    with drawing(language, TEXT) as text:
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+        positions = np.arange(len(rows))[::-1]
+        ax.barh(positions, rates, 0.6, color=["tab:red" if rate < 50 else "tab:green" for rate in rates])
+        for y, row, rate in zip(positions, rows, rates):
+            ax.annotate(f"{row['passed']}/{row['graded']}", (rate, y), textcoords="offset points", xytext=(3, 0),
+                        va="center", fontsize=8)
+        ax.set_yticks(positions, [f"{row['number']}. {row['test']}" for row in rows], fontsize=8)
+        ax.set_xlim(0, 110)
+        ax.set_xlabel(text("pass_rate"))
+        ax.set_title(text("tests_title", graded=rows[0]["graded"]))
+        save(fig, path)
