@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,8 +39,13 @@ class ServeResult:
 
 
 class ServingEngine:
-    def __init__(self, model: MiniMindForCausalLM, config: ServingConfig | None = None):
+    """`on_draw(request_id, logits)`, if given, sees the logits (rows, V) of every draw before it (a lab
+    can hold them against `generate`'s bit for bit)."""
+
+    def __init__(self, model: MiniMindForCausalLM, config: ServingConfig | None = None,
+                 on_draw: Callable[[int, torch.Tensor], None] | None = None):
         self.config = config or ServingConfig()
+        self.on_draw = on_draw
         self.config.check_model(model.config.max_position_embeddings)
         self.model = model
         weight = model.lm_head.weight
@@ -242,6 +248,8 @@ class ServingEngine:
         params = request.params
         if logits.shape[0] != request.n:
             logits = logits.repeat(request.n, 1)  # the shared prompt's last position serves every row
+        if self.on_draw is not None:
+            self.on_draw(request.request_id, logits)
         seen = torch.tensor([request.prompt + row.new_tokens for row in request.rows], device=logits.device)
         tokens = sampling.next_token(logits, seen, **params.knobs(), generator=request.generator)[:, 0].tolist()
         drawn = []
