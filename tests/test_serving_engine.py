@@ -35,7 +35,7 @@ def test_mixed_prefill_and_decode_steps_equal_generate_alone_bit_for_bit(model):
                            on_draw=lambda rid, logits: drawn.setdefault(rid, []).append(logits.clone()))
     assert mismatches(model, result, requests) == []
     assert any(s.prefill_tokens and s.decode_tokens for s in result.stats.steps), "no step mixed the two"
-    assert max(s.used_slots for s in result.stats.steps) > 2
+    assert max(s.useful_slots for s in result.stats.steps) > 2
     # per-request matmuls: each draw's logits are generate's own bits, not merely close
     for rid, (prompt, _, _) in enumerate(requests):
         expected = []

@@ -8,7 +8,7 @@ import torch
 
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine
 from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes
-from kvlab.serving.paged_attention import paged_attention, slot_ids
+from kvlab.serving.paged_attention import block_index, paged_attention, slot_ids
 
 from helpers import ROOT
 from serving_helpers import GREEDY, one_thread, prompts_of, tiny_model  # noqa: F401
@@ -89,8 +89,8 @@ def test_paged_attention_gives_the_attention_bits_of_minimind(model, flash):
             for start, end, expected in ((0, 21, prefill), (21, 22, decode)):
                 part = x[:, start:end]
                 mixed = paged_attention(attn, attn.q_proj(part), attn.k_proj(part), attn.v_proj(part), cos[start:end],
-                                        sin[start:end], pool.keys[0], pool.values[0], table, start,
-                                        slot_ids(table, start, end, 8))
+                                        sin[start:end], pool.keys[0], pool.values[0], start,
+                                        slot_ids(table, start, end, 8), block_index(table, end, 8))
                 assert torch.equal(attn.o_proj(mixed), expected)
         assert torch.equal(pool.keys[0][5], present[0][0, :8])  # the first 8 positions live in block 5
     finally:

@@ -122,7 +122,7 @@ class ServingEngine:
             return []
         self.note_schedule(plan)
         blocks_in_use = self.pool.num_used
-        used_slots = sum(piece.request.unfinished_rows for piece in plan.pieces)
+        useful_slots = sum(piece.request.unfinished_rows for piece in plan.pieces if piece.draws)
         logits = self.runner.forward([self.chunk(piece) for piece in plan.pieces])
         fed = {"prefill": 0, "decode": 0}
         finished = []
@@ -130,7 +130,7 @@ class ServingEngine:
             self.count_fed(piece, fed)
             if self.advance(piece, piece_logits):
                 finished.append(piece.request.output())
-        self.stats.steps.append(StepRecord(self.clock, time.perf_counter(), fed["prefill"], fed["decode"], used_slots,
+        self.stats.steps.append(StepRecord(self.clock, time.perf_counter(), fed["prefill"], fed["decode"], useful_slots,
                                            blocks_in_use, len(self.scheduler.running), len(self.scheduler.waiting)))
         self.clock += 1
         return finished

@@ -35,15 +35,19 @@ def write_kv(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, k: t
     flat_values[slots.flatten()] = v.reshape(-1, *v.shape[2:])
 
 
-def gather_kv(keys: torch.Tensor, values: torch.Tensor, tables: list[list[int]], length: int):
-    """Each row's first `length` positions, read block by block through its table: (R, S, KV, D) each,
-    contiguous, the layout MiniMind's torch.cat cache has."""
-    block_size = keys.shape[1]
+def block_index(tables: list[list[int]], length: int, block_size: int) -> torch.Tensor:
+    """(R, blocks) the blocks holding each row's first `length` positions, in order."""
     used = -(-length // block_size)
-    index = torch.tensor([table[:used] for table in tables])  # (R, blocks)
-    rows = index.shape[0]
-    k = keys[index].reshape(rows, used * block_size, *keys.shape[2:])[:, :length].contiguous()
-    v = values[index].reshape(rows, used * block_size, *values.shape[2:])[:, :length].contiguous()
+    return torch.tensor([table[:used] for table in tables])
+
+
+def gather_kv(keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor, length: int):
+    """Each row's first `length` positions, read block by block (`blocks`, from block_index): (R, S, KV, D)
+    each, contiguous, the layout MiniMind's torch.cat cache has."""
+    rows, used = blocks.shape
+    block_size = keys.shape[1]
+    k = keys[blocks].reshape(rows, used * block_size, *keys.shape[2:])[:, :length].contiguous()
+    v = values[blocks].reshape(rows, used * block_size, *values.shape[2:])[:, :length].contiguous()
     return k, v
 
 
@@ -66,13 +70,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, use_fl
 
 
 def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    keys: torch.Tensor, values: torch.Tensor, tables: list[list[int]], start: int,
-                    slots: torch.Tensor) -> torch.Tensor:
+                    keys: torch.Tensor, values: torch.Tensor, start: int, slots: torch.Tensor,
+                    blocks: torch.Tensor) -> torch.Tensor:
     """One layer's attention for one request, from its projections q (R, T, H*D), k, v (R, T, KV*D) to
     the input of o_proj (R, T, H*D). `attn` is the model's Attention (its heads, q_norm and k_norm);
     cos, sin (T, D) the RoPE tables at positions start .. start + T - 1; keys, values the layer's pool;
-    `slots` where this step's positions go (slot_ids). Per-head norms and RoPE, this step's K and V
-    written into the blocks, every held position gathered back through the tables, then `attend`."""
+    `slots` where this step's positions go (slot_ids), `blocks` the blocks of every position held after
+    them (block_index). Per-head norms and RoPE, this step's K and V written into the blocks, every held
+    position gathered back through the tables, then `attend`."""
     rows, fed, _ = q.shape
     q = q.view(rows, fed, attn.num_heads, attn.head_dim)
     k = k.view(rows, fed, attn.num_kv_heads, attn.head_dim)
@@ -81,5 +86,5 @@ def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     write_kv(keys, values, slots, k, v)
-    held_k, held_v = gather_kv(keys, values, tables, start + fed)
+    held_k, held_v = gather_kv(keys, values, blocks, start + fed)
     return attend(q, held_k, held_v, attn.n_rep, attn.use_flash, had_past=start > 0)

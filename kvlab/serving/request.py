@@ -146,9 +146,6 @@ class Request:
     def record(self, kind: str, step: int, tokens: tuple[int, ...] | None = None, at: float | None = None) -> None:
         self.events.append(Event(kind, step, time.perf_counter() if at is None else at, tokens))
 
-    def first(self, kind: str) -> Event | None:
-        return next((event for event in self.events if event.kind == kind), None)
-
     def output(self) -> "RequestOutput":
         eos = self.params.eos_token_id
         return RequestOutput(

@@ -23,7 +23,7 @@ import torch
 
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.serving.block_pool import BlockPool
-from kvlab.serving.paged_attention import paged_attention, slot_ids
+from kvlab.serving.paged_attention import block_index, paged_attention, slot_ids
 
 
 @dataclass
@@ -55,16 +55,18 @@ class ModelRunner:
     def forward(self, chunks: list[Chunk]) -> list[torch.Tensor | None]:
         """Feed every chunk; returns, per chunk, its rows' last logits (R, V) if it wants them, else None."""
         inner = self.model.model
-        slots = [slot_ids(c.tables, c.start, c.start + c.fed, self.pool.block_size) for c in chunks]
+        size = self.pool.block_size
+        slots = [slot_ids(c.tables, c.start, c.start + c.fed, size) for c in chunks]  # where each writes
+        blocks = [block_index(c.tables, c.start + c.fed, size) for c in chunks]  # what each reads
         rope = [(inner.freqs_cos[c.start:c.start + c.fed], inner.freqs_sin[c.start:c.start + c.fed]) for c in chunks]
         hidden = [inner.embed_tokens(c.ids) for c in chunks]  # (R, T, C) each
         for index, layer in enumerate(inner.layers):
             attn = layer.self_attn
             normed = self.rowwise(layer.input_layernorm, hidden)
             queries, keys, values = (self.rowwise(proj, normed) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-            mixed = [paged_attention(attn, q, k, v, cos, sin, self.pool.keys[index], self.pool.values[index],
-                                     chunk.tables, chunk.start, slot)
-                     for q, k, v, (cos, sin), chunk, slot in zip(queries, keys, values, rope, chunks, slots)]
+            pool_k, pool_v = self.pool.keys[index], self.pool.values[index]
+            mixed = [paged_attention(attn, q, k, v, cos, sin, pool_k, pool_v, chunk.start, slot, held)
+                     for q, k, v, (cos, sin), chunk, slot, held in zip(queries, keys, values, rope, chunks, slots, blocks)]
             hidden = [out + h for out, h in zip(self.rowwise(attn.o_proj, mixed), hidden)]
             hidden = [h + m for h, m in zip(hidden, self.rowwise(layer.mlp,
                                                                  self.rowwise(layer.post_attention_layernorm, hidden)))]

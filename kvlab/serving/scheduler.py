@@ -83,14 +83,22 @@ class Scheduler:
     # --- the step --------------------------------------------------------------------------------
 
     def schedule(self) -> Schedule:
+        """The next step's pieces: the running requests' first, then the admitted ones'."""
         plan = Schedule()
-        budget = self.config.max_num_batched_tokens
         may_admit = self.config.policy == "continuous" or not self.running
+        budget = self.schedule_running(plan, self.config.max_num_batched_tokens)
+        if may_admit:
+            self.admit_waiting(plan, budget)
+        return plan
+
+    def schedule_running(self, plan: Schedule, budget: int) -> int:
+        """Each running request's next piece, oldest first, preempting the newest for blocks. Returns the
+        budget left."""
         index = 0
         while index < len(self.running):
             request = self.running[index]
             piece = self.next_piece(request, request.num_computed, budget)
-            if piece is None:
+            if piece is None:  # not within what is left of the budget: next step
                 index += 1
                 continue
             while not self.reserve(piece):
@@ -103,16 +111,19 @@ class Scheduler:
                 plan.pieces.append(piece)
                 budget -= piece.tokens
                 index += 1
-        while may_admit and self.waiting and budget > 0:
+        return budget
+
+    def admit_waiting(self, plan: Schedule, budget: int) -> None:
+        """Admit from the front of the queue while the head fits; the first that does not stops it."""
+        while self.waiting and budget > 0:
             admission, piece = self.try_admit(self.waiting[0], budget)
             if admission is None:
-                break
+                return
             self.waiting.popleft()
             self.running.append(admission.request)
             plan.admitted.append(admission)
             plan.pieces.append(piece)
             budget -= piece.tokens
-        return plan
 
     def next_piece(self, request: Request, start: int, budget: int) -> Piece | None:
         """The request's next piece from position `start` within `budget` tokens, or None if none fits.
@@ -132,28 +143,32 @@ class Scheduler:
 
     # --- blocks ----------------------------------------------------------------------------------
 
+    def fork_copies(self, piece: Piece) -> int:
+        """Blocks the rows of n > 1 need when this piece ends their shared prompt inside a block: a copy
+        of that partial block for every row but row 0, to write its own tokens after."""
+        request = piece.request
+        ends_prompt = not request.forked and piece.end == request.prompt_len
+        return request.n - 1 if ends_prompt and request.prompt_len % self.pool.block_size else 0
+
     def blocks_needed(self, piece: Piece) -> int:
-        """New blocks a piece needs: those its positions reach past each row's table, and, when it
-        ends a shared prompt of n > 1 rows in a partial block, a copy of that block for each other row."""
+        """New blocks a piece needs: those its positions reach past each row's table, and its fork copies."""
         request, size = piece.request, self.pool.block_size
-        need = sum(max(0, -(-piece.end // size) - len(request.rows[row].block_table)) for row in piece.rows)
-        if not request.forked and piece.end == request.prompt_len and request.prompt_len % size:
-            need += request.n - 1
-        return need
+        reach = -(-piece.end // size)
+        return sum(max(0, reach - len(request.rows[row].block_table)) for row in piece.rows) + self.fork_copies(piece)
 
     def reserve(self, piece: Piece) -> bool:
-        """Allocate the blocks a piece needs, if that many are free (the fork's copies go to the
-        other rows' tables, which the engine fills when the prompt is done)."""
+        """Allocate the blocks a piece needs, if that many are free (the fork copies go to the other
+        rows' tables, which the engine completes when the prompt is done)."""
         if self.blocks_needed(piece) > self.pool.num_free:
             return False
         request, size = piece.request, self.pool.block_size
+        copies = self.fork_copies(piece)
         for row in piece.rows:
             table = request.rows[row].block_table
             while len(table) * size < piece.end:
                 table.append(self.pool.allocate())
-        if not request.forked and piece.end == request.prompt_len and request.prompt_len % size:
-            for row in request.rows[1:]:
-                row.block_table.append(self.pool.allocate())
+        for row in request.rows[1:1 + copies]:
+            row.block_table.append(self.pool.allocate())
         return True
 
     def cached_prefix(self, request: Request) -> list[int]:

@@ -1,9 +1,12 @@
 """What serving a trace cost, counted at every step: exact counts (the same on any machine) beside
 the wall time.
 
-A slot is one of the `max_num_seqs` rows a step may run. A slot is used in a step when an unfinished
-row of a request fed a token in it (a sample that drew its eos and still gets fed, to keep its
-request's rows together, does not count). Slot utilisation = used slot-steps / (slots x forward steps).
+A slot is one of the `max_num_seqs` rows a step may run. A slot-step is useful when a row draws a
+token it keeps (an answer's token, its eos included): not a step that only feeds part of a prompt,
+or positions computed again, or a sample that drew its eos already and is still fed to keep its
+request's rows together. Slot utilisation = useful slot-steps / (slots x forward steps): for one
+trace the useful slot-steps are the tokens answered, whatever the policy, so it compares how many
+steps each policy took to answer them.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from dataclasses import dataclass, field
 class StepRecord:
     """One forward step: its index on the engine's clock, when it ended, the tokens it fed (prefill:
     prompt positions and positions computed again after a preemption; decode: one new position per
-    row), the slots it used, the blocks held once it was scheduled, and the queues after it."""
+    row), its useful slots (rows that drew a token they keep), the blocks held once it was scheduled,
+    and the queues after it."""
 
     step: int
     time: float
     prefill_tokens: int
     decode_tokens: int
-    used_slots: int
+    useful_slots: int
     blocks_in_use: int
     running: int
     waiting: int
@@ -61,12 +65,12 @@ class EngineStats:
         return sum(s.blocks_in_use for s in self.steps) / max(1, len(self.steps))
 
     @property
-    def used_slot_steps(self) -> int:
-        return sum(s.used_slots for s in self.steps)
+    def useful_slot_steps(self) -> int:
+        return sum(s.useful_slots for s in self.steps)
 
     @property
     def slot_utilisation(self) -> float:
-        return self.used_slot_steps / max(1, self.max_num_seqs * len(self.steps))
+        return self.useful_slot_steps / max(1, self.max_num_seqs * len(self.steps))
 
     def summary(self) -> dict:
         """Every counter as a flat dict (what the demo prints)."""
@@ -74,7 +78,8 @@ class EngineStats:
             "forward_steps": self.forward_steps, "idle_steps": self.idle_steps,
             "prefill_tokens": self.prefill_tokens, "decode_tokens": self.decode_tokens,
             "max_tokens_per_step": max((s.prefill_tokens + s.decode_tokens for s in self.steps), default=0),
-            "slot_utilisation": self.slot_utilisation, "preemptions": self.preemptions,
+            "useful_slot_steps": self.useful_slot_steps, "slot_utilisation": self.slot_utilisation,
+            "preemptions": self.preemptions,
             "recomputed_tokens": self.recomputed_tokens, "peak_blocks_in_use": self.peak_blocks_in_use,
             "mean_blocks_in_use": self.mean_blocks_in_use, "num_blocks": self.num_blocks,
             "prefix_hit_blocks": self.prefix_hit_blocks, "prefix_hit_tokens": self.prefix_hit_tokens,
