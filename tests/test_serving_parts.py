@@ -130,7 +130,8 @@ def test_a_request_the_engine_could_never_serve_is_refused_before_any_work(model
     assert "ServingConfig.num_blocks (3) is too small: this request needs up to 4 blocks" in message
     message = refusal(add(ServingConfig(max_num_batched_tokens=32)))
     assert "ServingConfig.max_num_batched_tokens (32) fits nothing: a 40-token prompt" in message
-    ServingEngine(model, ServingConfig(max_num_batched_tokens=32, chunked_prefill=True)).add_request(prompt)  # chunked: fine
+    chunked = ServingConfig(max_num_batched_tokens=32, chunked_prefill=True)
+    ServingEngine(model, chunked).add_request(prompt)  # chunked, the same prompt is fine
     assert "ServingConfig.max_num_batched_tokens (2) fits nothing: decoding this request feeds n = 3" in refusal(
         add(ServingConfig(max_num_batched_tokens=2, chunked_prefill=True), SamplingParams(n=3)))
     assert "ServingConfig.max_num_seqs (2) is smaller than this request's n (3)" in refusal(

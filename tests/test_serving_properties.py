@@ -23,8 +23,9 @@ def requests(draw):
         if draw(st.booleans()):
             knobs = GREEDY
         else:
-            knobs = dict(temperature=draw(st.sampled_from([0.6, 1.0, 1.8])), top_p=draw(st.sampled_from([0.5, 0.9, 1.0])),
-                         top_k=draw(st.sampled_from([0, 10])), seed=draw(st.integers(0, 1000)))
+            knobs = dict(temperature=draw(st.sampled_from([0.6, 1.0, 1.8])),
+                         top_p=draw(st.sampled_from([0.5, 0.9, 1.0])), top_k=draw(st.sampled_from([0, 10])),
+                         seed=draw(st.integers(0, 1000)))
         eos = draw(st.sampled_from([None, None, 3, 5]))  # tokens 3..5 are drawn now and then
         params = SamplingParams(max_tokens=draw(st.integers(1, 10)), eos_token_id=eos, n=n, **knobs)
         drawn.append((prompt, params, draw(st.integers(0, 6))))

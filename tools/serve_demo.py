@@ -101,7 +101,8 @@ def serve(model, trace, config: ServingConfig):
 
 def compare(result, drawn, trace, references) -> dict:
     """Token mismatches (greedy, seeded) and draws whose logits differ in any bit."""
-    counts = {"greedy_mismatches": 0, "seeded_mismatches": 0, "draws": 0, "draws_with_other_bits": 0, "max_abs_diff": 0.0}
+    counts = {"greedy_mismatches": 0, "seeded_mismatches": 0, "draws": 0, "draws_with_other_bits": 0,
+              "max_abs_diff": 0.0}
     for output, (_, params, _), (tokens, logits) in zip(result.outputs, trace, references):
         if output.samples != tokens:
             counts["seeded_mismatches" if params.seed is not None else "greedy_mismatches"] += 1

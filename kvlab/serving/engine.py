@@ -67,7 +67,7 @@ class ServingEngine:
         step (then the step is not looked at). Returns its id (its index in the outputs)."""
         params = params or SamplingParams()
         self.check_request(list(prompt), params)
-        request = Request(len(self.requests), prompt, params, arrival_step, arrival_s)
+        request = Request(len(self.requests), prompt, params, arrival_step, arrival_s, self.model.lm_head.weight.device)
         request.block_hashes = prefix_hashes(request.prompt, self.config.block_size)
         self.requests.append(request)
         bisect.insort(self.pending, request, key=lambda r: (r.arrival_s or 0.0, r.arrival_step, r.request_id))

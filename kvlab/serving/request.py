@@ -90,7 +90,7 @@ class Request:
     """A request and where it stands (see the module's docstring)."""
 
     def __init__(self, request_id: int, prompt: list[int], params: SamplingParams, arrival_step: int = 0,
-                 arrival_s: float | None = None):
+                 arrival_s: float | None = None, device: torch.device | str = "cpu"):
         self.request_id = request_id
         self.prompt = list(prompt)
         self.params = params
@@ -102,7 +102,8 @@ class Request:
         self.high_water = 0  # the most positions it ever had cached: below it, a position is recomputed
         self.forked = params.n == 1  # whether every row has its own table (after the prompt, for n > 1)
         self.block_hashes: list[bytes] = []  # chained hash of each full prompt block (set by the engine)
-        self.generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        # on the device the draws happen on, as torch.manual_seed seeds every device's generator
+        self.generator = None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed)
         self.events: list[Event] = []
         self.preemptions = 0
         self.recomputed_tokens = 0

@@ -6,11 +6,12 @@ v_proj, q_norm, k_norm, o_proj, post_attention_layernorm, mlp; the final norm an
 order MiniMind's forward does. Attention is per request (kvlab.serving.paged_attention). The rest is
 row by row, and how the rows are grouped into calls is `ServingConfig.matmuls`:
 
-  * "per_request": one call per request, shaped as `generate` alone would shape it, (R, T, C). On
-    the CPU a matrix product's rows are not computed alike for every row count (MKL takes another
-    kernel for 1 row, for 2-3, and for the rows past a multiple of 4 below 12), so a decode row
-    batched with others would get other bits than the same row fed alone. Per request, it gets the
-    same ones; so do the logits, taken from lm_head over all T positions as `generate` takes them.
+  * "per_request": one call per request, shaped as `generate` alone would shape it, (R, T, C). A
+    matrix product does not compute a row alike for every row count: measured on the CPU (MKL,
+    AVX2), one row and two or three rows get other bits than four or more, and with two threads so
+    do the rows past a multiple of 4 below twelve. So a decode row batched with others gets other
+    bits than the same row fed alone. Per request, it gets the same ones; so do the logits, taken
+    from lm_head over all T positions as `generate` takes them.
   * "fused": one call for every row of the step, (1, N, C), and lm_head over the last rows only, as
     servers do. Fewer, larger calls; bits may differ from `generate` alone.
 """
@@ -55,22 +56,30 @@ class ModelRunner:
     def forward(self, chunks: list[Chunk]) -> list[torch.Tensor | None]:
         """Feed every chunk; returns, per chunk, its rows' last logits (R, V) if it wants them, else None."""
         inner = self.model.model
-        size = self.pool.block_size
-        slots = [slot_ids(c.tables, c.start, c.start + c.fed, size) for c in chunks]  # where each writes
-        blocks = [block_index(c.tables, c.start + c.fed, size) for c in chunks]  # what each reads
-        rope = [(inner.freqs_cos[c.start:c.start + c.fed], inner.freqs_sin[c.start:c.start + c.fed]) for c in chunks]
-        hidden = [inner.embed_tokens(c.ids) for c in chunks]  # (R, T, C) each
+        places = [self.place(chunk) for chunk in chunks]
+        hidden = [inner.embed_tokens(chunk.ids) for chunk in chunks]  # (R, T, C) each
         for index, layer in enumerate(inner.layers):
-            attn = layer.self_attn
-            normed = self.rowwise(layer.input_layernorm, hidden)
-            queries, keys, values = (self.rowwise(proj, normed) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-            pool_k, pool_v = self.pool.keys[index], self.pool.values[index]
-            mixed = [paged_attention(attn, q, k, v, cos, sin, pool_k, pool_v, chunk.start, slot, held)
-                     for q, k, v, (cos, sin), chunk, slot, held in zip(queries, keys, values, rope, chunks, slots, blocks)]
-            hidden = [out + h for out, h in zip(self.rowwise(attn.o_proj, mixed), hidden)]
-            hidden = [h + m for h, m in zip(hidden, self.rowwise(layer.mlp,
-                                                                 self.rowwise(layer.post_attention_layernorm, hidden)))]
+            hidden = self.layer(index, layer, hidden, places)
         return self.logits(hidden, chunks)
+
+    def place(self, chunk: Chunk) -> dict:
+        """What every layer needs of a chunk: its RoPE rows, the slots it writes, the blocks it reads."""
+        inner, size, end = self.model.model, self.pool.block_size, chunk.start + chunk.fed
+        return {"cos": inner.freqs_cos[chunk.start:end], "sin": inner.freqs_sin[chunk.start:end], "start": chunk.start,
+                "slots": slot_ids(chunk.tables, chunk.start, end, size), "blocks": block_index(chunk.tables, end, size)}
+
+    def layer(self, index: int, layer, hidden: list[torch.Tensor], places: list[dict]) -> list[torch.Tensor]:
+        """One Block of MiniMind over every chunk: attention through the pool, then the MLP, each added back."""
+        attn = layer.self_attn
+        normed = self.rowwise(layer.input_layernorm, hidden)
+        queries, keys, values = (self.rowwise(proj, normed) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        pool_k, pool_v = self.pool.keys[index], self.pool.values[index]
+        mixed = [paged_attention(attn, q, k, v, place["cos"], place["sin"], pool_k, pool_v, place["start"],
+                                 place["slots"], place["blocks"])
+                 for q, k, v, place in zip(queries, keys, values, places)]
+        hidden = [out + h for out, h in zip(self.rowwise(attn.o_proj, mixed), hidden)]
+        mlp_out = self.rowwise(layer.mlp, self.rowwise(layer.post_attention_layernorm, hidden))
+        return [h + m for h, m in zip(hidden, mlp_out)]
 
     def rowwise(self, module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """`module` applied to each (R, T, C) input: a call each, or one over all their rows (fused)."""
