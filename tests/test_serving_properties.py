@@ -38,7 +38,7 @@ def blocks_for(prompt, params, size=16):
     return shared + params.n * (-(-most // size) - shared)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=requests(), spare_blocks=st.integers(0, 6), budget=st.sampled_from([16, 24, 64, 128]),
        chunked=st.booleans(), policy=st.sampled_from(["continuous", "static"]),
        matmuls=st.sampled_from(["per_request", "per_request", "fused"]))

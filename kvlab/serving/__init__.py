@@ -14,6 +14,14 @@ requests the way vLLM and nano-vllm do, small enough to read in an afternoon, on
 
 Its contract: every request's tokens are those `generate` gives its prompt alone, greedy or seeded,
 whatever else runs beside it (tests/test_serving_engine.py). It imports no kvlab package but kvlab.engine.
+
+What is exact, as measured (tools/serve_demo.py counts it): with per-request matmuls, a request fed in
+the pieces `generate` feeds it (its prompt whole, then one token a step) gets `generate`'s very bits,
+however many requests share its steps. Where the pieces differ (a prompt in chunks, a prefix from the
+cache, recomputation after a preemption) so does the arithmetic: other row counts per matrix product,
+and MiniMind's math attention where `generate`'s cache-free prefill takes PyTorch's flash kernel. The
+logits then differ in their last bits (some 1e-6), and a token changes only where a draw is that close
+to a tie: the tests and the demo count such mismatches rather than assume there are none.
 """
 
 from kvlab.serving.config import ServingConfig
