@@ -76,18 +76,24 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def next_token(logits: torch.Tensor, seen_ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float,
-               repetition_penalty: float, do_sample: bool) -> torch.Tensor:
+               repetition_penalty: float, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
     """`generate`'s choice of each row's next token from its last logits (batch, vocab), the knobs in
-    MiniMind's order: temperature, repetition penalty, top-k, top-p, then a draw or the argmax."""
+    MiniMind's order: temperature, repetition penalty, top-k, top-p, then a draw or the argmax.
+    `generator` is the one the draw uses (see pick_next_token)."""
     logits = apply_temperature(logits, temperature, do_sample)
     logits = apply_repetition_penalty(logits, seen_ids, repetition_penalty)
     logits = top_k_filter(logits, top_k)
     logits = top_p_filter(logits, top_p)
-    return pick_next_token(logits, do_sample)
+    return pick_next_token(logits, do_sample, generator)
 
 
-def pick_next_token(logits: torch.Tensor, do_sample: bool) -> torch.Tensor:
-    """Draw one token per row from softmax(logits), or take the argmax. Returns (batch, 1)."""
+def pick_next_token(logits: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row from softmax(logits), or take the argmax. Returns (batch, 1).
+
+    The draw uses `generator`, or PyTorch's global one when None (as `generate` does, so
+    `torch.manual_seed(s)` before it fixes its draws; a `torch.Generator().manual_seed(s)` gives the
+    same stream). One call draws every row: on the CPU it consumes random numbers for each element of
+    the (batch, vocab) tensor, so the rows drawn together decide what the next call sees."""
     if do_sample:
-        return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+        return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
     return torch.argmax(logits, dim=-1, keepdim=True)

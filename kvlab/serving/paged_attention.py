@@ -1,0 +1,90 @@
+"""Attention over a paged cache: write this step's K and V into a request's blocks, gather every
+position it holds back through its block table, and attend with MiniMind's own math.
+
+Shapes: R rows of one request fed together (1, or its n samples), T positions fed per row this step,
+S = start + T positions held after it, H query heads, KV key/value heads, D head_dim, bs block_size.
+
+`attend` is the attention of kvlab.engine.model.Attention, line for line (its flash path for a
+cache-free prefill, else scores, causal mask on the fed columns, a float32 softmax), so that a
+request gets the very bits `generate` alone gives it: a request is never padded, so no attention
+mask is needed. A test holds the two against each other.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kvlab.engine.model import apply_rope, repeat_kv
+
+
+def slot_ids(tables: list[list[int]], start: int, end: int, block_size: int) -> torch.Tensor:
+    """(R, end - start) flat slot of each position: block table[position // bs], offset position % bs."""
+    positions = torch.arange(start, end)
+    blocks = torch.tensor(tables)[:, positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
+def write_kv(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Store this step's k and v, (R, T, KV, D), in one layer's pool (num_blocks, bs, KV, D) at `slots`."""
+    flat_keys = keys.view(-1, *keys.shape[2:])
+    flat_values = values.view(-1, *values.shape[2:])
+    flat_keys[slots.flatten()] = k.reshape(-1, *k.shape[2:])
+    flat_values[slots.flatten()] = v.reshape(-1, *v.shape[2:])
+
+
+def block_index(tables: list[list[int]], length: int, block_size: int) -> torch.Tensor:
+    """(R, blocks) the blocks holding each row's first `length` positions, in order."""
+    used = -(-length // block_size)
+    return torch.tensor([table[:used] for table in tables])
+
+
+def gather_kv(keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor, length: int):
+    """Each row's first `length` positions, read block by block (`blocks`, from block_index): (R, S, KV, D)
+    each, contiguous, the layout MiniMind's torch.cat cache has."""
+    rows, used = blocks.shape
+    block_size = keys.shape[1]
+    k = keys[blocks].reshape(rows, used * block_size, *keys.shape[2:])[:, :length].contiguous()
+    v = values[blocks].reshape(rows, used * block_size, *values.shape[2:])[:, :length].contiguous()
+    return k, v
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, use_flash: bool, had_past: bool):
+    """MiniMind's attention of q (R, T, H, D) over k, v (R, S, KV, D), the last T of S being the fed
+    positions. Returns (R, T, H * D)."""
+    rows, fed, _, head_dim = q.shape
+    q = q.transpose(1, 2)  # (R, H, T, D)
+    k = repeat_kv(k, n_rep).transpose(1, 2)  # (R, H, S, D)
+    v = repeat_kv(v, n_rep).transpose(1, 2)
+    if use_flash and fed > 1 and not had_past:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)  # (R, H, T, S)
+        causal = torch.full((fed, fed), float("-inf"), device=scores.device).triu(1)
+        scores[:, :, :, -fed:] += causal
+        scores = scores.float()
+        out = F.softmax(scores, dim=-1).type_as(q) @ v
+    return out.transpose(1, 2).reshape(rows, fed, -1)
+
+
+def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    keys: torch.Tensor, values: torch.Tensor, start: int, slots: torch.Tensor,
+                    blocks: torch.Tensor) -> torch.Tensor:
+    """One layer's attention for one request, from its projections q (R, T, H*D), k, v (R, T, KV*D) to
+    the input of o_proj (R, T, H*D). `attn` is the model's Attention (its heads, q_norm and k_norm);
+    cos, sin (T, D) the RoPE tables at positions start .. start + T - 1; keys, values the layer's pool;
+    `slots` where this step's positions go (slot_ids), `blocks` the blocks of every position held after
+    them (block_index). Per-head norms and RoPE, this step's K and V written into the blocks, every held
+    position gathered back through the tables, then `attend`."""
+    rows, fed, _ = q.shape
+    q = q.view(rows, fed, attn.num_heads, attn.head_dim)
+    k = k.view(rows, fed, attn.num_kv_heads, attn.head_dim)
+    v = v.view(rows, fed, attn.num_kv_heads, attn.head_dim)
+    if attn.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    write_kv(keys, values, slots, k, v)
+    held_k, held_v = gather_kv(keys, values, blocks, start + fed)
+    return attend(q, held_k, held_v, attn.n_rep, attn.use_flash, had_past=start > 0)

@@ -1,0 +1,234 @@
+"""The serving engine's contract: every request's tokens are those `generate` gives its prompt alone,
+greedy or seeded, however the engine served it (mixed prefill and decode steps, preemption and
+recomputation, prefix hits, chunked prefill, n samples sharing a prompt, static or continuous), and
+the pool is empty afterwards. Each case counts its mismatches and expects none."""
+import pytest
+import torch
+
+from kvlab.engine import sampling
+from kvlab.serving import SamplingParams, ServingConfig
+
+from serving_helpers import (GREEDY, alone, assert_pool_empty, mismatches, one_thread, prompts_of, serve,  # noqa: F401
+                             tiny_model)
+
+LENGTHS = (3, 5, 8, 11, 12, 13, 17, 31, 40, 57)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(0)
+
+
+def greedy(max_tokens=16, **knobs):
+    return SamplingParams(max_tokens=max_tokens, eos_token_id=None, **{**GREEDY, **knobs})
+
+
+def staggered(prompts, params, every=2):
+    """One request arriving every `every` steps, so prefills land in steps that decode others."""
+    return [(prompt, params, index * every) for index, prompt in enumerate(prompts)]
+
+
+def test_mixed_prefill_and_decode_steps_equal_generate_alone_bit_for_bit(model):
+    requests = staggered(prompts_of(LENGTHS), greedy(16))
+    drawn = {}
+    result, engine = serve(model, ServingConfig(num_blocks=64, max_num_seqs=6), requests,
+                           on_draw=lambda rid, logits: drawn.setdefault(rid, []).append(logits.clone()))
+    assert mismatches(model, result, requests) == []
+    assert any(s.prefill_tokens and s.decode_tokens for s in result.stats.steps), "no step mixed the two"
+    assert max(s.useful_slots for s in result.stats.steps) > 2
+    # per-request matmuls: each draw's logits are generate's own bits, not merely close
+    for rid, (prompt, _, _) in enumerate(requests):
+        expected = []
+        forward = model.forward
+
+        def recording(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            expected.append(out.logits[:, -1])
+            return out
+
+        model.forward = recording
+        try:
+            model.generate(torch.tensor([prompt]), max_new_tokens=16, eos_token_id=None, **GREEDY)
+        finally:
+            del model.forward
+        assert all(torch.equal(a, b) for a, b in zip(drawn[rid], expected, strict=True)), f"request {rid}"
+    assert_pool_empty(engine)
+
+
+SAMPLED = [
+    dict(temperature=0.7, top_p=0.9, top_k=0),
+    dict(temperature=1.3, top_p=1.0, top_k=20),
+    dict(temperature=2.5, top_p=0.6, top_k=50, repetition_penalty=1.3),
+]
+
+
+def sampled(index, max_tokens=20, eos=None, n=1):
+    return SamplingParams(max_tokens=max_tokens, seed=100 + index, eos_token_id=eos, n=n, **SAMPLED[index % 3])
+
+
+def with_eos_from_alone(model, prompt, params, at=4):
+    """The same knobs with eos set to the token `generate` draws at new position `at`, so the request
+    really stops at an eos (at `at` or before)."""
+    free_run = alone(model, prompt, params)[0]
+    return SamplingParams(**{**params.__dict__, "eos_token_id": free_run[at]})
+
+
+def test_seeded_samples_equal_generate_with_that_seed(model):
+    prompts = prompts_of(LENGTHS, seed=2)
+    requests = []
+    for index, prompt in enumerate(prompts):
+        params = sampled(index)
+        if index % 2:
+            params = with_eos_from_alone(model, prompt, params)
+        requests.append((prompt, params, index))
+    result, engine = serve(model, ServingConfig(num_blocks=64, max_num_seqs=5), requests)
+    assert mismatches(model, result, requests) == []
+    assert {"eos", "length"} <= {reason for o in result.outputs for reason in o.finish_reasons}
+    assert_pool_empty(engine)
+
+
+def test_preemption_recomputes_and_changes_no_token(model):
+    prompts = prompts_of(LENGTHS, seed=3)
+    requests = [(p, greedy(24) if i % 2 else sampled(i, 24), 0) for i, p in enumerate(prompts)]
+    result, engine = serve(model, ServingConfig(num_blocks=7, max_num_seqs=8), requests)
+    stats = result.stats
+    assert stats.preemptions > 0 and stats.recomputed_tokens > 0
+    assert stats.peak_blocks_in_use <= 7
+    assert sum(o.preemptions for o in result.outputs) == stats.preemptions
+    assert any(e.kind == "preemption" for o in result.outputs for e in o.events)
+    assert mismatches(model, result, requests) == []
+    assert_pool_empty(engine)
+
+
+def test_prefix_hits_share_blocks_and_change_no_token(model):
+    shared = prompts_of([40], seed=4)[0]
+    tails = prompts_of((1, 5, 12, 20), seed=5)
+    prompts = [shared + tail for tail in tails]
+    requests = [(p, greedy(20) if i % 2 else sampled(i, 20), 2 * i) for i, p in enumerate(prompts)]
+    result, engine = serve(model, ServingConfig(num_blocks=64, max_num_seqs=8), requests)
+    stats = result.stats
+    assert [o.cached_tokens for o in result.outputs] == [0, 32, 32, 32]  # 2 full blocks of the 40 shared tokens
+    assert stats.prefix_hit_blocks == 6 and stats.prefix_hit_tokens == 96
+    assert stats.blocks_saved_by_sharing == 6  # each hit was held by a running request at the time
+    assert mismatches(model, result, requests) == []
+    assert_pool_empty(engine)
+
+
+@pytest.mark.parametrize("prompt_len, computed_again", [(33, 1), (32, 16), (48, 16)])
+def test_a_prompt_wholly_cached_still_computes_its_last_block(model, prompt_len, computed_again):
+    """Never the block of a prompt's last token from the cache: its logits must be computed."""
+    prompt = prompts_of([prompt_len], seed=6)[0]
+    requests = [(prompt, greedy(4), 0), (prompt, greedy(4), 10)]  # the second arrives after the first ended
+    result, engine = serve(model, ServingConfig(num_blocks=16, max_num_seqs=2), requests)
+    second = result.outputs[1]
+    assert second.cached_tokens == prompt_len - computed_again
+    admitted = second.events[[e.kind for e in second.events].index("admission")].step
+    assert result.stats.steps[admitted - result.stats.idle_steps].prefill_tokens == computed_again
+    assert mismatches(model, result, requests) == []
+    assert_pool_empty(engine)
+
+
+def test_chunked_prefill_under_a_token_budget_changes_no_token(model):
+    prompts = prompts_of(LENGTHS, seed=7)
+    requests = [(p, greedy(12) if i % 2 else sampled(i, 12), i) for i, p in enumerate(prompts)]
+    config = ServingConfig(num_blocks=64, max_num_seqs=6, max_num_batched_tokens=16, chunked_prefill=True)
+    result, engine = serve(model, config, requests)
+    steps = result.stats.steps
+    assert max(s.prefill_tokens + s.decode_tokens for s in steps) <= 16
+    assert sum(s.prefill_tokens for s in steps) == sum(LENGTHS)
+    assert any(s.prefill_tokens and s.decode_tokens for s in steps)
+    assert mismatches(model, result, requests) == []
+    assert_pool_empty(engine)
+
+
+def test_n_samples_share_the_prompt_and_equal_generate_num_return_sequences(model):
+    """n rows of one request are drawn together, those that drew eos included (they get eos again), as
+    generate(num_return_sequences=n) draws them after torch.manual_seed(seed)."""
+    prompts = prompts_of((20, 37, 48), seed=8)
+    requests = []
+    for index, prompt in enumerate(prompts):
+        params = with_eos_from_alone(model, prompt, sampled(index, 16, n=3), at=2)
+        requests.append((prompt, params, index))
+    result, engine = serve(model, ServingConfig(num_blocks=40, max_num_seqs=6), requests)
+    assert mismatches(model, result, requests) == []
+    lengths = [len(sample) for o in result.outputs for sample in o.samples]
+    assert len(set(lengths)) > 1, "every row ended together: the finished-row rule went unchecked"
+    # the prompt's full blocks are held by all three rows: (3 - 1) x full blocks each
+    assert result.stats.blocks_saved_by_sharing == 2 * sum(len(p) // 16 for p in prompts)
+    assert_pool_empty(engine)
+
+
+def test_n_samples_under_preemption_and_prefix_hits(model):
+    shared = prompts_of([32], seed=9)[0]
+    prompts = [shared + tail for tail in prompts_of((3, 9, 14), seed=10)]
+    requests = [(p, sampled(i, 14, n=2), 0) for i, p in enumerate(prompts)]
+    result, engine = serve(model, ServingConfig(num_blocks=10, max_num_seqs=6), requests)
+    assert result.stats.preemptions > 0 and result.stats.prefix_hit_blocks > 0
+    assert mismatches(model, result, requests) == []
+    assert_pool_empty(engine)
+
+
+def trace_of_varied_lengths():
+    """Requests whose answers differ much in length, all arrived: a static batch waits for its longest."""
+    prompts = prompts_of((10, 30, 12, 25, 8, 40, 15, 20), seed=11)
+    lengths = (4, 30, 6, 24, 3, 28, 5, 18)
+    return [(p, greedy(n), 0) for p, n in zip(prompts, lengths)]
+
+
+def test_continuous_batching_takes_fewer_steps_than_static_with_the_same_tokens(model):
+    requests = trace_of_varied_lengths()
+    runs = {}
+    for policy in ("static", "continuous"):
+        result, engine = serve(model, ServingConfig(num_blocks=64, max_num_seqs=4, policy=policy), requests)
+        assert mismatches(model, result, requests) == []
+        assert_pool_empty(engine)
+        runs[policy] = result.stats
+    static, continuous = runs["static"], runs["continuous"]
+    assert continuous.forward_steps < static.forward_steps
+    assert continuous.slot_utilisation > static.slot_utilisation
+    assert static.decode_tokens == continuous.decode_tokens  # the same useful work
+    # static: batch 1 (4, 30, 6, 24 new tokens) runs 30 steps, batch 2 (3, 28, 5, 18) 28
+    assert static.forward_steps == 30 + 28
+
+
+def test_events_tell_each_request_story_in_order(model):
+    requests = staggered(prompts_of((9, 30, 17), seed=12), greedy(6), every=3)
+    result, _ = serve(model, ServingConfig(num_blocks=32, max_num_seqs=4), requests)
+    for output, (_, _, arrival) in zip(result.outputs, requests):
+        kinds = [event.kind for event in output.events]
+        assert kinds == ["arrival", "admission", "first_token"] + ["token"] * 5 + ["finish"]
+        steps = [event.step for event in output.events]
+        times = [event.time for event in output.events]
+        assert steps == sorted(steps) and times == sorted(times)
+        assert output.events[0].step == arrival
+        assert [e.tokens[0] for e in output.events if e.tokens] == output.samples[0]
+        assert output.ttft_steps >= 0 and output.latency_s >= output.ttft_s >= 0 and output.tpot_s > 0
+
+
+def test_a_request_arriving_in_seconds_waits_for_its_time(model):
+    result, engine = serve(model, ServingConfig(num_blocks=16), [])
+    engine.add_request(prompts_of([5])[0], greedy(3), arrival_s=0.05)
+    result = engine.run()
+    arrival = result.outputs[0].events[0]
+    assert arrival.kind == "arrival" and arrival.time >= engine.started + 0.05
+    assert result.stats.idle_steps >= 1
+
+
+def test_fused_matmuls_are_counted_not_assumed(model):
+    """One call for all rows of a step changes bits (a row's product depends on how many rows the call
+    has); the tokens are compared all the same."""
+    requests = staggered(prompts_of(LENGTHS, seed=13), greedy(12))
+    result, engine = serve(model, ServingConfig(num_blocks=64, max_num_seqs=6, matmuls="fused"), requests)
+    assert mismatches(model, result, requests) == []
+    assert_pool_empty(engine)
+
+
+def test_a_drawn_stream_is_the_same_from_the_global_and_an_own_generator():
+    logits = torch.randn(3, 50)
+    seen = torch.randint(0, 50, (3, 4))
+    knobs = dict(temperature=0.9, top_k=10, top_p=0.9, repetition_penalty=1.2, do_sample=True)
+    torch.manual_seed(5)
+    global_draws = [sampling.next_token(logits, seen, **knobs) for _ in range(4)]
+    own = torch.Generator().manual_seed(5)
+    own_draws = [sampling.next_token(logits, seen, **knobs, generator=own) for _ in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(global_draws, own_draws))
