@@ -11,24 +11,16 @@ import numpy as np
 
 from kvlab.grade.classroom import class_rows, pass_rate_rows
 from kvlab.present.figures import drawing, save
+from kvlab.present.i18n import N_
 from kvlab.present.pages import sandboxed_template
 
-# Every string the figures draw, by language.
-TEXT = {
-    "en": {
-        "score": "score (points)",
-        "students": "students",
-        "scores_title": "Scores of the class ({students} students, maximum {max_score})",
-        "pass_rate": "students who handed in a folder and passed (%)",
-        "tests_title": "Pass rate of each test ({graded} folders): which step the class found hard",
-    },
-    "ko": {
-        "score": "점수",
-        "students": "학생 수",
-        "scores_title": "반의 점수 분포 (학생 {students}명, 만점 {max_score}점)",
-        "pass_rate": "제출한 학생 중 통과한 비율 (%)",
-        "tests_title": "테스트별 통과율 (제출 {graded}건): 반이 어려워한 단계",
-    },
+# Every label the figures draw, in English (its Korean in the catalog: kvlab.present.i18n).
+LABELS = {
+    "score": N_("score (points)"),
+    "students": N_("students"),
+    "scores_title": N_("Scores of the class ({students} students, maximum {max_score})"),
+    "pass_rate": N_("students who handed in a folder and passed (%)"),
+    "tests_title": N_("Pass rate of each test ({graded} folders): which step the class found hard"),
 }
 
 
@@ -55,7 +47,7 @@ def class_scores(rows: list[dict], path, language: str = "en") -> None:
     """A histogram of the class's scores, one bar per possible score (grades.csv)."""
     max_score = int(rows[0]["max_score"])
     counts = np.bincount([int(row["score"]) for row in rows], minlength=max_score + 1)
-    with drawing(language, TEXT) as text:
+    with drawing(language, LABELS) as text:
         fig, ax = plt.subplots(figsize=(8, 4))
         ax.bar(np.arange(max_score + 1), counts, 0.8, color="tab:blue")
         ax.set_xticks(np.arange(max_score + 1))
@@ -71,7 +63,7 @@ def class_tests(rows: list[dict], path, language: str = "en") -> None:
     """One horizontal bar per test, in the sheet's order: the share of the folders handed in that
     passed it (tests.csv)."""
     rates = np.array([0.0 if row["graded"] == 0 else 100 * row["passed"] / row["graded"] for row in rows])
-    with drawing(language, TEXT) as text:
+    with drawing(language, LABELS) as text:
         fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
         positions = np.arange(len(rows))[::-1]
         ax.barh(positions, rates, 0.6, color=["tab:red" if rate < 50 else "tab:green" for rate in rates])

@@ -11,15 +11,22 @@ from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
+from kvlab.present import i18n
 
-def sandboxed_template(template_path, autoescape: bool = False):
+
+def sandboxed_template(template_path, autoescape: bool = False, language: str = i18n.SOURCE_LANGUAGE):
     """The template at `template_path`, loaded in a sandbox (a template is untrusted input) that
-    refuses undefined names; `autoescape` for HTML. Filter `thousands`: 14880 -> 14,880."""
+    refuses undefined names; `autoescape` for HTML. Its messages (`_()`, `{% trans %}`) in `language`
+    (kvlab.present.i18n), and Babel's numbers for it: filters `integer` (14880 -> 14,880, also as
+    `thousands`), `decimal(digits)` and `percent(digits)`."""
     template_path = Path(template_path)
     env = SandboxedEnvironment(loader=FileSystemLoader(template_path.parent), undefined=StrictUndefined,
                                trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                               autoescape=autoescape)
-    env.filters["thousands"] = lambda n: f"{n:,}"
+                               autoescape=autoescape, extensions=["jinja2.ext.i18n"])
+    env.install_gettext_translations(i18n.translations(language), newstyle=True)
+    env.filters["integer"] = env.filters["thousands"] = lambda n: i18n.integer(n, language)
+    env.filters["decimal"] = lambda x, digits=2: i18n.decimal(x, digits, language)
+    env.filters["percent"] = lambda x, digits=0: i18n.percent(x, digits, language)
     return env.get_template(template_path.name)
 
 
@@ -34,4 +41,5 @@ def report_page(template_path, report_path, figure_paths, language: str) -> str:
         text = text.replace(f"]({path.parent.name}/{path.name})", f"](data:image/png;base64,{data})")
     title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), "")
     body = Markup(markdown.markdown(text, extensions=["tables"]))
-    return sandboxed_template(template_path, autoescape=True).render(body=body, title=title, lang=language)
+    return sandboxed_template(template_path, autoescape=True, language=language).render(body=body, title=title,
+                                                                                        lang=language)

@@ -1,0 +1,49 @@
+"""The report's languages (kvlab.present.i18n): every message the code and templates mark has its
+Korean in the catalog, the catalog holds nothing stale, numbers follow the language, and the
+templates stay readable."""
+from pathlib import Path
+
+import pytest
+from babel.messages.pofile import read_po
+
+from kvlab.present import i18n
+
+from helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    with open(i18n.catalog_path("ko"), "rb") as handle:
+        return read_po(handle, locale="ko")
+
+
+def test_every_marked_message_has_its_korean(catalog):
+    marked = i18n.messages()
+    assert len(marked) > 100  # the figures', tables', class page's and report's messages
+    translated = {message.id: message.string for message in catalog if message.id}
+    missing = sorted(message for message in marked if not translated.get(message))
+    assert not missing, f"{len(missing)} messages have no Korean in {i18n.catalog_path('ko')}: {missing[:5]}"
+    stale = sorted(set(translated) - marked)
+    assert not stale, f"the catalog holds messages no source marks any more: {stale[:5]}"
+    assert not [message.id for message in catalog if message.id and message.fuzzy], "fuzzy entries are not used"
+
+
+def test_a_message_reads_in_each_language():
+    assert i18n.gettext_for("ko")("with cache") == "캐시 사용"
+    assert i18n.gettext_for("en")("with cache") == "with cache"
+    with pytest.raises(ValueError, match="report.language: 'fr'"):
+        i18n.translations("fr")
+
+
+@pytest.mark.parametrize("language", i18n.LANGUAGES)
+def test_numbers_follow_the_language(language):
+    assert i18n.integer(409600, language) == "409,600"
+    assert i18n.decimal(4.8249, 2, language) == "4.82"
+    assert i18n.decimal(1234.5, 1, language) == "1,234.5"
+    assert i18n.percent(0.1234, 1, language) == "12.3%"
+
+
+def test_templates_keep_their_lines_short():
+    long = [(path.relative_to(ROOT), number) for path in Path(ROOT, "templates").rglob("*.j2")
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if len(line) > 200]
+    assert not long, long
