@@ -1,30 +1,46 @@
-# Step 7: the report, rendered from the result files, and the sheet's results as HTML tables.
+# Step 7: the lab's two reports, rendered from the result files (the sheet's, and what lies beyond it), both
+# as one HTML page, and the sheet's results as HTML tables.
+from kvlab.facts.results import REPORT_TEMPLATES
 from kvlab.facts.sheet import LAB_RESULTS
 
+# Every template of the reports: a section changed reruns both (they share their pieces).
+REPORT_SECTIONS = sorted(
+    workflow_file(str(path.relative_to(workflow.basedir)))
+    for path in Path(workflow.basedir, REPORT_TEMPLATES).glob("*.j2")
+)
+# Which inputs the user named (the reports say whose models they measured).
+GIVEN = {key: bool(config[key]) for key in ("pretrain", "sft", "tokenizer", "val_data")}
 
-rule report:
-    input:
-        # every result by the name the template reads it by (kvlab.facts.results.report_inputs)
-        **report_inputs(WITH_FIDELITY),
-        template=workflow_file("templates/report.md.j2"),
-    output:
-        report=reported("report"),
-    log:
-        "results/logs/report.log",
-    threads: 1
-    resources:
-        **LIGHT_JOB,
-    params:
-        language=config["report"]["language"],
-    script:
-        "../scripts/report.py"
+for name, entry in (("report", "report.md.j2"), ("beyond", "beyond.md.j2")):
+
+    rule:
+        name:
+            name
+        input:
+            # every result by the name the templates read it by (kvlab.facts.results.report_inputs)
+            **report_inputs(WITH_FIDELITY, name),
+            template=workflow_file(f"{REPORT_TEMPLATES}/{entry}"),
+            sections=REPORT_SECTIONS,
+        output:
+            reported(name),
+        log:
+            f"results/logs/{name}.log",
+        threads: 1
+        resources:
+            **LIGHT_JOB,
+        params:
+            language=config["report"]["language"],
+            given=GIVEN,
+        script:
+            "../scripts/report.py"
 
 
 # For `snakemake --report`, which shows an HTML result in the page (a Markdown or JSON file only
-# as a download): the report as a page, with its figures in it.
+# as a download): both reports as one page, with their figures and Korean font in it.
 rule lab_report:
     input:
-        report=rules.report.output.report,
+        report=RESULTS["report"].path,
+        beyond=RESULTS["beyond"].path,
         figures=[figure.path for figure in lab_figures()],
         template=workflow_file("templates/lab_report.html.j2"),
     output:

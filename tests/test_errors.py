@@ -265,8 +265,9 @@ def test_chat_template_fallback_is_reported(tmp_path, course, course_build):
 
     paths = {name: course_build / "results" / f"{stem}.json" for name, stem in REPORT_INPUTS.items()}
     paths.update(temp=tmp_path / "results" / "temp.json", temp_answers=answers)
-    assert "ChatML" in render_report(ROOT / "templates" / "report.md.j2", paths, "ko")
-    assert "ChatML" not in render_report(ROOT / "templates" / "report.md.j2",
+    template = ROOT / "templates" / "report" / "report.md.j2"
+    assert "ChatML" in render_report(template, paths, "ko")
+    assert "ChatML" not in render_report(template,
                                          {**paths, "temp_answers": course_build / "results" / "temp_answers.json"}, "ko")
 
 

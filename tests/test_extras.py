@@ -134,16 +134,18 @@ def test_temperature_curve_agrees_with_the_lab_step(built):
     assert entropies == sorted(entropies)  # a hotter softmax is flatter
 
 
-def test_figures_are_pngs_linked_from_the_report(built):
+def test_figures_are_pngs_linked_from_the_report_beyond_the_sheet(built):
     report = (built / "report.md").read_text(encoding="utf-8")
+    beyond = (built / "beyond.md").read_text(encoding="utf-8")
     for name in ("cost_curves", "step_times", "topp_survivors", "temperature_effect"):
         path = built / "figures" / f"{name}.png"
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"](figures/{name}.png)" in report
-    for heading in ("## KV 캐시", "## 온도", "## top-p", "## 비용 곡선", "## 지연 시간 분해", "## KV 캐시 용량",
-                    "## top-p 곡선", "## 온도 곡선"):
+        assert f"](figures/{name}.png)" in beyond and f"figures/{name}.png" not in report
+    for heading in ("## KV 캐시", "## 온도", "## top-p", "## 서빙에서"):
         assert heading in report
-    assert "Maximum concurrency for 100 tokens per request" in report
+    for heading in ("## 비용 곡선", "## 지연 시간 분해", "## 서빙 용량으로 본 캐시", "## 모든 p에서의 top-p", "## 온도를 촘촘히"):
+        assert heading in beyond and heading not in report
+    assert "`results/beyond.md`" in report
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +158,7 @@ def html_report(built, course):
 def test_html_report_holds_every_marked_result(html_report):
     html = html_report.read_text(encoding="utf-8")
     for name in ("same.json", "count.json", "time.json", "kvbytes.json", "temp.json", "topp.json",
-                 "report.md", "lab_report.html", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv",
+                 "report.md", "beyond.md", "lab_report.html", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv",
                  "temp_curve.csv", "cost_curves.png", "step_times.png", "topp_survivors.png",
                  "temperature_effect.png", "lab_tables.html"):
         assert name in html
@@ -468,11 +470,16 @@ def test_the_report_page_holds_its_figures_and_escapes_what_the_model_wrote(buil
     from kvlab.present.pages import report_page
 
     figure_paths = sorted((built / "figures").glob("*.png"))
-    page = report_page(ROOT / "templates" / "lab_report.html.j2", built / "report.md", figure_paths, "ko")
+    template, font = ROOT / "templates" / "lab_report.html.j2", figures.hangul_font_path()
+    page = report_page(template, [built / "report.md", built / "beyond.md"], figure_paths, font, "ko")
     assert page.count('src="data:image/png;base64,') == 8 and 'src="figures/' not in page
     assert '<html lang="ko">' in page and "<h2>KV 캐시</h2>" in page and "<table>" in page
+    assert page.index("<h2>KV 캐시</h2>") < page.index("<h2>비용 곡선</h2>")  # the sheet's report first
+    # the Hangul font travels with the page, cut to its characters (the whole face is 4.7 MB)
+    font_data = page.split('src: url(data:font/ttf;base64,')[1].split(")")[0]
+    assert 1_000 < len(font_data) < 1_000_000
     # a model's answer (in a code span of the report's table) is text, never markup
     markdown_file = tmp_path / "report.md"
     markdown_file.write_text("# T\n\n| a |\n|---|\n| `<script>alert(1)</script>` |\n", encoding="utf-8")
-    page = report_page(ROOT / "templates" / "lab_report.html.j2", markdown_file, [], "en")
+    page = report_page(template, [markdown_file], [], font, "en")
     assert "<script>" not in page and "&lt;script&gt;" in page and "<title>T</title>" in page

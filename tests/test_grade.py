@@ -11,6 +11,7 @@ import pytest
 
 from kvlab.io import read_csv_rows
 from kvlab.grade import check, classroom
+from kvlab.present.i18n import messages as i18n_messages
 
 from helpers import ROOT, course_config, dry_run_jobs, snakemake
 
@@ -107,14 +108,19 @@ def test_the_bytes_are_found_only_as_bytes_in_the_kv_section(tmp_path, report, o
 def test_the_workflows_own_reports_pass_in_both_languages(tmp_path):
     """The rendered report of either language states its numbers as the rules find them (the English
     one keeps the Korean headings)."""
-    for lines in (["## KV 캐시", "| **비율** | **56.4×** | | **4.63×** (4.13–5.16×) |",
-                   "**measured_bytes = 204,800 바이트**이고"],
+    for lines in (["## KV 캐시", "| **배율** | **56.4×** | | **4.63×** (4.13–5.16×) |",
+                   "**measured_bytes = 204,800 바이트**로, 공식"],
                   ["## KV 캐시", "| **ratio** | **56.4×** | | **4.63×** (4.13–5.16×) |",
-                   "add up to **measured_bytes = 204,800 bytes**;"]):
+                   "hold **measured_bytes = 204,800 bytes**, exactly"]):
         folder = report_folder(tmp_path, "\n".join(lines) + "\n")
         assert check.report_speedup(folder, SETTINGS)[0] and check.report_measured_bytes(folder, SETTINGS)[0]
-    template = (ROOT / "templates" / "report.md.j2").read_text(encoding="utf-8")
-    assert template.count("measured_bytes = {{ kv.measured_bytes | thousands }}") == 2
+    # the report's one bytes sentence (templates/report/kv_cache.md.j2), in both languages, as check reads it
+    from kvlab.present.i18n import gettext_for
+
+    template = (ROOT / "templates" / "report" / "kv_cache.md.j2").read_text(encoding="utf-8")
+    assert template.count("**measured_bytes = {{ measured }} bytes**") == 2
+    sentence = next(line for line in i18n_messages() if line.startswith("**Cache size.**") and "exactly" in line)
+    assert "**measured_bytes = %(measured)s 바이트**" in gettext_for("ko")(sentence)
 
 
 # --- an untrusted folder ---------------------------------------------------------------------------

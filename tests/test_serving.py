@@ -235,10 +235,11 @@ def test_the_build_writes_batch_and_kv_waste(course_build):
     assert [row["policy"] for row in waste] == list(kv_waste.POLICIES)
     requests = json.loads((results / "kv_waste_requests.json").read_text(encoding="utf-8"))
     assert len(requests["requests"]) == 6
-    report = (results / "report.md").read_text(encoding="utf-8")
-    assert "## 여러 요청을 한꺼번에: 배치 (시트 너머)" in report and "## 캐시를 잡아 두는 방법 (시트 너머)" in report
+    beyond = (results / "beyond.md").read_text(encoding="utf-8")
+    assert "## 여러 요청을 한꺼번에" in beyond and "## 캐시를 어떻게 잡는가" in beyond
     largest = rows[-1]
-    assert f"**{largest['S_TG_gain']:.2f}×**" in report
+    assert f"| {largest['B']} | " in beyond and f"{largest['S_TG t/s']:,.0f} (" in beyond
+    report = beyond
     blocks = next(row for row in waste if row["policy"] == "blocks")
     assert f"{blocks['token_share'] * 100:.1f}%" in report
     assert (results / "figures" / "batch.png").stat().st_size > 10_000
@@ -248,7 +249,7 @@ def test_changing_the_batch_sizes_reruns_only_batch_and_its_readers(course_build
     config = course_config(course)
     config["extras"] = {**config["extras"], "batch": {**config["extras"]["batch"], "sizes": [1, 3]}}
     # check grades the report too
-    assert dry_run_jobs(course_build, config=config) == {"batch": 1, "figure_batch": 1, "report": 1,
+    assert dry_run_jobs(course_build, config=config) == {"batch": 1, "figure_batch": 1, "report": 1, "beyond": 1,
                                                          "lab_report": 1, "check": 1, "all": 1}
 
 

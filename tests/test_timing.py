@@ -138,7 +138,7 @@ def test_a_shared_core_is_flagged_unstable_in_the_results_the_report_and_check(c
     assert runs["torch_threads"] == 1 and all(len(runs["runs_s"][m]) == runs["summary"][m]["n"] for m in unstable)
     report = (results / "report.md").read_text(encoding="utf-8")
     head = report.split("## KV 캐시")[0]
-    assert "불안정한 측정" in head and "3단계" in head
+    assert "조심해서 읽을 측정" in head and "3단계" in head
     verdicts = json.loads((results / "check.json").read_text())
     assert any("step 3's timing is unstable" in warning for warning in verdicts["warnings"])
     table = (results / "logs" / "check.log").read_text(encoding="utf-8")
@@ -157,9 +157,9 @@ def test_no_sentence_contradicts_the_intervals(contended):
     kv_section = report.split("## KV 캐시")[1].split("## 온도")[0]
     assert f"({speedup['low']:.2f}–{speedup['high']:.2f}×)" in kv_section
     if speedup["low"] <= 1 <= speedup["high"]:
-        assert "말할 수 없습니다" in kv_section and "도움이 되었습니다" not in kv_section
+        assert "말할 수 없습니다" in kv_section and "배, 시간을" not in kv_section
     elif speedup["low"] > 1:
-        assert "도움이 되었습니다" in kv_section
+        assert "배, 시간을" in kv_section and "말할 수 없습니다" not in kv_section
     assert math.isfinite(speedup["ratio"])
 
 
@@ -193,14 +193,15 @@ def test_ties_proportions_and_numbers_in_the_top_p_curve(contended, tmp_path, la
     paths["topp_curve"] = tmp_path / "topp_curve.csv"
     paths["figure_topp_survivors"] = results / "figures" / "topp_survivors.png"
     write_csv_atomic(paths["topp_curve"], curve_rows([1, 20, 200, 1707], [1, 1, 5, 1502]))
-    report = render_report(ROOT / "templates" / "report.md.j2", paths, language)
-    curve = report.split("top-p 곡선" if language == "ko" else "Top-p curve")[1]
-    if language == "ko":
-        assert "같거나 더 많이 남습니다(4개 값 가운데 1곳은 같습니다)" in curve and "엇갈리지 않습니다" in curve
-        assert "177개(9.4%)" in curve and "382개(20.3%)" in curve and "1,884개" in curve and "1,707개" in curve
+    report = render_report(ROOT / "templates" / "report" / "beyond.md.j2", paths, language)
+    curve = report.split("## 모든 p에서의 top-p" if language == "ko" else "## Top-p for every p")[1].split("\n## ")[0]
+    if language == "ko":  # a tie at one p is no crossing
+        assert '"민수는" 뒤에 남는 후보가 "가람 마을의 특산물은" 뒤보다 적은 적이 없습니다' in curve and "교차" not in curve
+        assert "어휘에서 177개와 382개를 자릅니다" in curve
     else:
-        assert "at least as many survive" in curve and "(the same number at 1 of the 4 values of p)" in curve
-        assert "never cross" in curve and "177 tokens (9.4%)" in curve and "382 (20.3%)" in curve
-        assert "all 1,884 tokens" in curve and "1,707 candidates" in curve
-    assert "1884" not in curve and "1707" not in curve
+        assert 'never fewer candidates survive after "민수는" than after "가람 마을의 특산물은"' in curve
+        assert "cross" not in curve and "the rule cuts 177 and 382 tokens" in curve
+    write_csv_atomic(paths["topp_curve"], curve_rows([1, 2000, 200, 1707], [1, 1, 5, 1884]))
+    crossing = render_report(ROOT / "templates" / "report" / "beyond.md.j2", paths, language)
+    assert ("두 곡선이 교차합니다" if language == "ko" else "the curves cross") in crossing
     assert "last few tokens" not in curve and "마지막 토큰 몇 개" not in curve

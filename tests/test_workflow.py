@@ -114,7 +114,8 @@ def test_topp_alone_from_the_embedded_default(tmp_path):
 
 def test_changing_temperatures_reruns_only_temp_and_report(built, course):
     config = course_config(course, temp={"temperatures": [0.3, 1.0]})
-    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "lab_report": 1, "lab_tables": 1, "check": 1, "all": 1}
+    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "beyond": 1, "lab_report": 1, "lab_tables": 1,
+                                                  "check": 1, "all": 1}
 
 
 def test_params_compare_by_value(built, course):
@@ -230,11 +231,8 @@ def test_embedded_default_builds_everything_with_a_tiny_budget(tmp_path):
 def test_english_report_keeps_the_headings(built, course, tmp_path):
     built = Path(shutil.copytree(built, tmp_path / "copy"))  # the shared build stays Korean
     config = course_config(course) | {"report": {"language": "en"}}
-    # the figures are labelled in the report's language: they are redrawn with it
-    assert dry_run_jobs(built, "results/report.md", config=config) == {
-        "report": 1, "figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
-        "figure_temperature_effect": 1, "figure_compare": 1, "figure_batch": 1, "figure_kv_waste": 1,
-        "figure_step_anatomy": 1}
+    # the sheet's report shows no figure: it alone is rendered again (the figures are the report beyond's)
+    assert dry_run_jobs(built, "results/report.md", config=config) == {"report": 1}
     snakemake(built, "results/report.md", config=config)
     report = (built / "results" / "report.md").read_text(encoding="utf-8")
     for heading in ("## KV 캐시", "## 온도", "## top-p"):
@@ -263,7 +261,7 @@ def render_altered(built, tmp_path, language, **changes):
         paths[name].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     from helpers import ROOT
 
-    return render_report(ROOT / "templates" / "report.md.j2", paths, language)
+    return render_report(ROOT / "templates" / "report" / "report.md.j2", paths, language)
 
 
 def reverse_topp(data):
@@ -303,15 +301,15 @@ def test_report_sentences_follow_reversed_data(built, tmp_path, language):
     if language == "en":
         assert 'more candidates survive after "민수는"' in usual or "depends on p" in usual
         assert 'At every p more candidates survive after "가람 마을의 특산물은"' in reversed_
-        assert "the distinct answers fell as the temperature rose (6 → 2)" in reversed_
-        assert "Even at the lowest temperature, 0.3, the 6 answers hold 6 distinct texts" in reversed_
-        assert "saved no time (**0.50×** (0.50–0.51×))" in reversed_ and "The cache helped" not in reversed_
-        assert "they (nearly) agree" not in reversed_
+        assert "The distinct answers fall as the temperature rises (6 → 2)" in reversed_
+        assert "Even at 0.3 the 6 answers hold 6 distinct texts" in reversed_
+        assert "made the generation slower: 0.50× (0.50–0.51×)" in reversed_ and "and the time" not in reversed_
+        assert "near greedy" not in reversed_ and "near greedy" in usual
     else:
-        assert '모든 p에서 "가람 마을의 특산물은" 뒤에 후보가 더 많이 남습니다' in reversed_
+        assert '모든 p에서 "가람 마을의 특산물은" 뒤에 "민수는" 뒤보다 후보가 더 많이 남습니다' in reversed_
         assert "오히려 줄었습니다(6 → 2)" in reversed_
-        assert "가장 낮은 온도 0.3에서도" in reversed_
-        assert "시간은 줄지 않았습니다" in reversed_ and "캐시는 토큰 수로는" not in reversed_
+        assert "0.3에서도 답 6개 가운데 서로 다른 답이 6개입니다" in reversed_
+        assert "생성은 오히려 느려졌습니다: 0.50배(0.50–0.51배)" in reversed_ and "배, 시간을" not in reversed_
 
 
 def test_report_shows_the_model_and_warns_about_a_random_one(built, tmp_path):
@@ -321,7 +319,10 @@ def test_report_shows_the_model_and_warns_about_a_random_one(built, tmp_path):
     assert card["prompt_perplexity"]["perplexity"] > card["prompt_perplexity"]["vocab_size"] / 4
     head = render_altered(built, tmp_path, "ko").split("## KV 캐시")[0]
     assert "> **경고:**" in head and "perplexity" in head and card["prompt_perplexity"]["alarm"] is True
-    assert f"{card['prompt_perplexity']['perplexity']:.2f}" in head
-    assert "minimind-3 레이아웃" in head and "파일에서 읽음: " in head
+    assert f"{card['prompt_perplexity']['perplexity']:.1f}" in head
+    assert f"`pretrain` (minimind-3, 파라미터 {card['models']['pretrain']['parameters']:,}개)" in head
+    # where each field came from: the report beyond the sheet says it
+    beyond = (built / "results" / "beyond.md").read_text(encoding="utf-8")
+    assert "`pretrain`, minimind-3: 파일에서 읽음 vocab_size" in beyond
     check = load(built, "check")
     assert set(card["warnings"]) <= set(check["warnings"]) and check["ok"] is True  # (with any timing's)

@@ -84,8 +84,9 @@ RESULTS = _results(
     # the lab sheet's steps 1-6, and their numbers as tables for the HTML report
     *(Result(name, f"results/{file}", LAB_SHEET, timed=name == "time") for name, file in LAB_RESULTS.items()),
     Result("lab_tables", "results/lab_tables.html", LAB_SHEET, timed=True),
-    # step 7, and the same as one page with its figures
+    # step 7, the report beyond the sheet, and both as one page with their figures
     Result("report", f"results/{REPORT_FILE}", LAB_REPORT, timed=True),
+    Result("beyond", "results/beyond.md", LAB_REPORT, timed=True),
     Result("lab_report", "results/lab_report.html", LAB_REPORT, timed=True),
     # what the steps write beside the sheet's files
     Result("prompt", "results/prompt.json"),
@@ -132,10 +133,14 @@ FIGURES = {
     )
 }
 
-# The results the report's template reads, by name: the lab's and everything beyond it (fidelity's only
-# where it ran), never the pages made from the report or the class's.
+# The results the reports' templates read, by name: the lab's and everything beyond it (fidelity's only
+# where it ran), never the pages made from the reports or the class's.
 REPORT_READS = tuple(name for name, result in RESULTS.items()
                      if result.category in (LAB_SHEET, BEYOND, None) and name not in ("lab_tables", "check"))
+SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
+               "batch", "fidelity")
+# The reports' templates: one folder, an entry template per report, one file a section.
+REPORT_TEMPLATES = "templates/report"
 OPTIONAL = ("fidelity",)
 
 
@@ -152,8 +157,13 @@ def built_by_all(with_fidelity: bool) -> list[str]:
     return shown + [figure.path for figure in lab_figures()]
 
 
-def report_inputs(with_fidelity: bool) -> dict[str, str]:
-    """The report's inputs, by the name the template reads each by: every result it reads, and each of
-    the lab's figures by its rule's name."""
-    inputs = {name: RESULTS[name].path for name in REPORT_READS if with_fidelity or name not in OPTIONAL}
+def report_inputs(with_fidelity: bool, report: str = "beyond") -> dict[str, str]:
+    """A report's inputs, by the name its templates read each by. The sheet's report ("report") reads
+    the sheet's results, what its steps write beside them, the two results its serving section sets
+    beside them (kv_capacity, batch) and fidelity's verdict; the report beyond it ("beyond") reads
+    every result and each of the lab's figures (by its rule's name)."""
+    names = SHEET_READS if report == "report" else REPORT_READS
+    inputs = {name: RESULTS[name].path for name in names if with_fidelity or name not in OPTIONAL}
+    if report == "report":
+        return inputs
     return {**inputs, **{figure.rule: figure.path for figure in lab_figures()}}

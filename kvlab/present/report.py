@@ -1,387 +1,60 @@
-"""Step 7: results/report.md, rendered from the result files by a sandboxed Jinja template.
+"""Step 7: the lab's two reports, rendered from the result files by sandboxed Jinja templates.
 
-Every number in the report is read from a result file or derived here from those numbers; the template
-holds prose only. The report is made of sections, each a function of the loaded result files alone
-(its own inputs, never another section's output, never changing a row it was given); a section
-beyond the sheet gives nothing when its result is not among the inputs. Every comparison the prose
-states is a verdict of kvlab.present.verdicts, computed here: the template picks its sentence by it.
+`results/report.md` is the sheet's report: where the numbers come from (models, code, machine), the
+timings to read with care, the sheet's three sections (`## KV 캐시`, `## 온도`, `## top-p`) with the
+speedup and the bytes, and one short section on serving. `results/beyond.md` holds what lies beyond
+the sheet (kvlab.present.beyond). `check` and grading read the first.
+
+Every number is read from a result file or derived here from those numbers; the templates hold
+prose only, one file a section, in English with its Korean in the catalog (kvlab.present.i18n). A
+section is a function of the loaded result files alone: it never reads another section's output or
+changes a row it was given. Every comparison the prose states is a verdict of
+kvlab.present.verdicts computed here; the template picks the sentence that belongs to it.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from pathlib import Path
 
-from kvlab.facts.formulas import BATCH_MODES, VLLM_PAPER, fed_formulas, fits_budgets
-from kvlab.facts.timing import UNSTABLE_IQR_SHARE, overlap
+from kvlab.facts.formulas import fed_formulas
+from kvlab.facts.timing import UNSTABLE_IQR_SHARE
 from kvlab.io import read_csv_rows, read_json
+from kvlab.present import beyond
 from kvlab.present.pages import sandboxed_template
-from kvlab.present.verdicts import against, comparison, direction, interval_direction
+from kvlab.present.verdicts import against, agreement, comparison, direction, steps
+
+# The reports: (the template folder's entry template, the sections whose data it reads).
+SHEET_TEMPLATE = "report.md.j2"
+BEYOND_TEMPLATE = "beyond.md.j2"
 
 
-def build_context(results: dict, language: str) -> dict:
-    """Numbers for the template, from the loaded result files (keyed by their input names): every
-    section's, with their verdicts together under `trend`."""
-    context = {"lang": language, "unstable": unstable_timings(results), "unstable_rule": UNSTABLE_IQR_SHARE,
-               "same_generation": same_generation(results)}
-    trend = {}
-    for section in SECTIONS:
-        part = section(results)
-        trend.update(part.get("trend", {}))
-        context.update({key: value for key, value in part.items() if key != "trend"})
-    return {**context, "trend": trend}
+# --- where the numbers come from, and which timings to read with care -----------------------------
 
 
-# --- the lab sheet's sections ---------------------------------------------------------------------
-
-
-def model_section(results: dict) -> dict:
-    """The prompt and the models: what each checkpoint is and where its fields came from."""
-    return {"prompt": results["prompt"], "card": model_card_context(results["model_card"])}
-
-
-def model_card_context(card: dict) -> dict:
-    """model_card.json with each model's fields grouped by where they came from."""
-    models = []
-    for name, entry in card["models"].items():
-        by_source: dict[str, list[str]] = {}
-        for field, source in entry["sources"].items():
-            by_source.setdefault(source, []).append(f"{field} {entry['config'][field]}")
-        models.append({"name": name, "layout": entry["layout"], "parameters": entry["parameters"],
-                       "config": entry["config"], "by_source": by_source, "head_count": entry.get("head_count")})
-    return {"models": models, "warnings": card["warnings"], "perplexity": card["prompt_perplexity"],
-            "tokenizer_vocab_size": card["tokenizer_vocab_size"]}
-
-
-def kv_section(results: dict) -> dict:
-    """## KV 캐시: steps 1-4, and whether the cache was faster and by less than its token ratio."""
-    count, runs = results["counts"], results["time_runs"]
-    token_ratio = count["fed_without_cache"] / count["fed_with_cache"]
-    interval = (runs["speedup"]["low"], runs["speedup"]["high"])
-    kv = results["kvbytes"]
+def provenance(results: dict, given: dict[str, bool]) -> dict:
+    """Which models (the embedded default's stand-ins, or the user's files: `given` says which config
+    keys named a file), which code (kvlab's engine, held against MiniMind's own where minimind_src is
+    set), which machine and threads (as step 3 recorded them)."""
+    models = results["model_card"]["models"]
+    runs = results["time_runs"]
+    fidelity = results.get("fidelity")
     return {
-        "same": results["same"], "count": count, "formulas": fed_formulas(count["prompt_len"], count["new_tokens"]),
-        "token_ratio": token_ratio, "time": results["time"], "time_runs": runs,
-        "step3": {"speedup": runs["speedup"], **runs["summary"]},
-        "kv": kv, "kv_match": kv["measured_bytes"] == kv["formula_bytes"],
-        "trend": {
-            # the cache's effect on time at all: its speedup's interval above 1 ("above": faster), below
-            # 1 ("below": slower), or around it ("within": this machine cannot tell)
-            "cache_time": against(interval, 1.0),
-            # is the time gain below the token gain (the fixed cost per step at work)?
-            "time_vs_tokens": against(interval, token_ratio),
-        },
+        "yours": [key for key in ("pretrain", "sft", "tokenizer", "val_data") if given.get(key)],
+        "models": [{"name": name, "checkpoint": entry["checkpoint"], "layout": entry["layout"],
+                    "parameters": entry["parameters"]} for name, entry in models.items()],
+        "fidelity": None if fidelity is None else {
+            "identical": fidelity["identical"], "checks": fidelity["checks"],
+            "differing": len(fidelity["differences"]), "path": fidelity["minimind"]["path"]},
+        "machine": {"processor": runs["processor"], "device": runs["device"], "threads": runs["torch_threads"]},
+        "perplexity": results["model_card"]["prompt_perplexity"],
     }
-
-
-def temperature_section(results: dict, answers_shown: int = 3) -> dict:
-    """## 온도: step 5's distinct answers, the most common of each, and how they move with the temperature."""
-    rows = []
-    for key, row in results["temp"].items():
-        answers = results["temp_answers"]["answers"][key]
-        common = Counter(answers).most_common(answers_shown)
-        rows.append({"temperature": key, "distinct": row["distinct"], "samples": len(answers),
-                     "examples": [{"text": text, "times": times} for text, times in common]})
-    lowest = min(rows, key=lambda row: float(row["temperature"]))
-    by_temperature = sorted(rows, key=lambda row: float(row["temperature"]))
-    return {
-        "temperature_rows": rows, "question": results["temp_answers"]["question"],
-        "chat_template": results["temp_answers"]["chat_template"],
-        "trend": {
-            "temperature": direction(row["distinct"] for row in by_temperature),
-            # at the lowest temperature, do (nearly) all answers agree? at most a fifth distinct
-            "lowest_agree": lowest["distinct"] <= max(1, lowest["samples"] // 5),
-            "lowest": lowest,
-        },
-    }
-
-
-def topp_section(results: dict) -> dict:
-    """## top-p: step 6's survivors after the flat and the sharp prefix, and which keeps more."""
-    sharp = results["topp_sharp"]
-    rows = [{"p": p, "flat": n, "sharp": sharp["survivors"].get(p)} for p, n in results["topp"].items()]
-    return {
-        "topp_rows": rows, "flat_prefix": sharp["flat_prefix"], "sharp_prefix": sharp["prefix"],
-        # which prefix leaves more top-p candidates, at every p of the lab, and at how many p they tie
-        "trend": {"topp": comparison((row["flat"], row["sharp"]) for row in rows),
-                  "topp_ties": sum(row["flat"] == row["sharp"] for row in rows)},
-    }
-
-
-# --- beyond the sheet: each section only where its result was given ---------------------------------
-
-
-def formulas_match(row: dict) -> bool:
-    """Whether a row's fed tokens (sweep.csv, compare.csv) equal both formulas."""
-    return (row["fed_with_cache"] == row["formula_with_cache"]
-            and row["fed_without_cache"] == row["formula_without_cache"])
-
-
-def sweep_section(results: dict) -> dict:
-    if "sweep" not in results:
-        return {}
-    rows = [{**row, "formulas_match": formulas_match(row)} for row in results["sweep"]]
-    last = rows[-1]
-    return {"sweep": {"rows": rows, "all_match": all(row["formulas_match"] for row in rows),
-                      "all_same": all(row["same_ids"] for row in rows)},
-            "trend": {"sweep_time_vs_tokens": against((last["speedup_low"], last["speedup_high"]),
-                                                      last["token_ratio"])}}
-
-
-def latency_section(results: dict) -> dict:
-    if "latency" not in results:
-        return {}
-    latency = results["latency"]
-    return {"latency": {
-        **{label: {key: latency[label][key] for key in ("ttft_s", "ttft", "tpot_s", "sum_steps_s", "generate_s",
-                                                       "generate")}
-           for label in ("with_cache", "without_cache")},
-        "fit": latency["fit"],
-        "predicted": latency["predicted"],
-        # the speedup of these same instrumented generations, the one the fit predicts
-        "measured": latency["measured"],
-        "new_tokens": latency["new_tokens"],
-        "prompt_len": latency["prompt_len"],
-        "ttft_agree": latency["ttft_agree"],
-        # a fit that explains little, or a negative fixed cost, says the clock was noisy
-        "fit_unreliable": latency["fit"]["r2"] < 0.8 or latency["fit"]["fixed_s"] <= 0,
-        "prediction": against((latency["measured"]["low"], latency["measured"]["high"]),
-                              latency["predicted"]["speedup"]),
-    }}
-
-
-def capacity_section(results: dict) -> dict:
-    return {"capacity": capacity_table(results["kv_capacity"])} if "kv_capacity" in results else {}
-
-
-def topp_curve_section(results: dict) -> dict:
-    if "topp_curve" not in results:
-        return {}
-    rows = results["topp_curve"]
-    # the lab sheet's own p values, and the end of the curve
-    marks = [row for row in rows if row["lab_p"] or row is rows[-1]]
-    last = rows[-1]
-    # at p = 1 the rule may still cut the tail (the rounded cumulative sum passing 1): how much
-    cut = {"flat": last["vocab_size"] - last["flat"], "sharp": last["vocab_size"] - last["sharp"]}
-    return {"topp_curve": {"rows": rows, "first": rows[0], "last": last, "marks": marks, "cut": cut,
-                           "cut_share": {key: n / last["vocab_size"] for key, n in cut.items()}},
-            "trend": {"curve_topp": comparison((row["flat"], row["sharp"]) for row in rows),
-                      "curve_topp_ties": sum(row["flat"] == row["sharp"] for row in rows)}}
-
-
-def temp_curve_section(results: dict) -> dict:
-    if "temp_curve" not in results:
-        return {}
-    rows = results["temp_curve"]
-    return {"temp_curve": {"rows": rows, "first": rows[0], "last": rows[-1],
-                           "max_distinct": max(rows, key=lambda row: row["distinct"])},
-            "trend": {"curve_distinct": direction(row["distinct"] for row in rows),
-                      "curve_entropy": direction(row["mean_entropy_nats"] for row in rows)}}
-
-
-def compare_section(results: dict) -> dict:
-    return {"compare": compare_context(results["compare"])} if "compare" in results else {}
-
-
-def batch_section(results: dict) -> dict:
-    return {"batch": batch_context(results["batch"])} if "batch" in results else {}
-
-
-def kv_waste_section(results: dict) -> dict:
-    if "kv_waste" not in results:
-        return {}
-    return {"kv_waste": kv_waste_context(results["kv_waste"], results["kv_waste_requests"])}
-
-
-def anatomy_section(results: dict) -> dict:
-    if "step_anatomy" not in results:
-        return {}
-    return {"anatomy": anatomy_context(results["step_anatomy"], results.get("latency"))}
-
-
-def fidelity_section(results: dict) -> dict:
-    if "fidelity" not in results:
-        return {}
-    fidelity = results["fidelity"]
-    return {"fidelity": {"identical": fidelity["identical"], "checks": fidelity["checks"],
-                         "differing": len(fidelity["differences"]), "path": fidelity["minimind"]["path"],
-                         "layout": fidelity["minimind"]["layout"],
-                         "first": fidelity["differences"][0] if fidelity["differences"] else None}}
-
-
-# Of a cached step's time, the fixed share above which the report calls it most of the step, and
-# below which a small part.
-MOST, SMALL = 0.5, 0.25
-
-
-def anatomy_context(data: dict, latency: dict | None) -> dict:
-    """step_anatomy.json for the prose: the three steps' parts (shares in %, the order of the largest
-    computations, the fixed cost per operator call), whether the sheet's "fixed cost per step
-    (Python and kernel calls)" is most, a large part or a small part of a cached step (judged only
-    when the cached step's parts add up), the per-step fit's fixed cost beside it (when the latency
-    split ran), and where the preallocated (and compiled) steps lie against the others."""
-    anatomy, curve = data["anatomy"], data["curve"]
-    names = anatomy["steps"]
-    steps = {}
-    for name in names:
-        step = anatomy[name]
-        computed = {part: step["shares"][part] for part in anatomy["compute_parts"]}
-        steps[name] = {**step, "percent": {part: 100 * share for part, share in step["shares"].items()},
-                       "off_percent": 100 * step["sum_of_parts_off"],
-                       "largest": sorted(computed, key=computed.get, reverse=True)[:3],
-                       "us_per_call": 1e3 * step["ms"]["fixed"] / step["operator_calls"] if step["operator_calls"] else 0.0}
-    cached = anatomy["with_cache_cat"]
-    fixed = cached["shares"]["fixed"]
-    compiled = curve.get("compiled")
-    return {
-        **steps,
-        "steps": names,
-        "context_tokens": anatomy["context_tokens"],
-        "shrunk_sizes": anatomy["shrunk_sizes"],
-        "pairs": anatomy["profiled_pairs"],
-        # a verdict on the sheet's explanation only from parts that add up to the step
-        "verdict": ("unclear" if not cached["adds_up"]
-                    else "most" if fixed >= MOST else "small" if fixed < SMALL else "large"),
-        "all_add_up": all(steps[name]["adds_up"] for name in steps),
-        "not_adding_up": [name for name in names if not steps[name]["adds_up"]],
-        "other_operators": [name for name in names if not steps[name]["same_operators"]],
-        "fit_fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
-        "curve": curve,
-        "longest": curve["contexts"][-1],
-        # cat / static: "above" 1 when MiniMind's cache is slower, "below" when faster, "within" can't tell
-        "static_vs_cat": against((curve["cat_over_static"]["low"], curve["cat_over_static"]["high"]), 1.0),
-        "compiled": compiled,
-        "compiled_same_token": all(compiled["same_next_token"]) if compiled else None,
-        "compiled_max_difference": max(compiled["max_logit_difference"]) if compiled else None,
-        # compiled at the shortest context, even its third quartile under the eager step's fixed cost:
-        # compiling cut the fixed cost itself, not only the arithmetic
-        "compiled_under_fixed": bool(compiled and compiled["q3_ms"][0] < anatomy["with_cache_static"]["ms"]["fixed"]),
-        "compiled_vs_static": (against((curve["static_over_compiled"]["low"], curve["static_over_compiled"]["high"]), 1.0)
-                               if compiled else None),
-    }
-
-
-def compare_context(rows: list[dict]) -> dict:
-    """compare.csv with, per row, the speedup as a share of the token ratio; and the trends over model
-    size that the prose may state, each only where the spreads of neighbouring sizes do not overlap
-    (the fixed share of an average no-cache step is a column of the table, with its spread)."""
-    rows = [{**row, "of_ratio": row["speedup"] / row["token_ratio"], "formulas_match": formulas_match(row),
-             "bytes_match": row["kv_bytes_per_token_formula"] == row["kv_bytes_per_token_measured"]} for row in rows]
-    by_size = sorted(rows, key=lambda row: row["parameters"])
-    return {
-        "rows": rows,
-        "smallest": by_size[0],
-        "largest": by_size[-1],
-        "speedup_trend": interval_direction((row["speedup_low"], row["speedup_high"]) for row in by_size),
-        "fixed_share_trend": interval_direction(
-            (row["fixed_share_without_cache_low"], row["fixed_share_without_cache_high"]) for row in by_size),
-        "all_same": all(row["same_ids"] for row in rows),
-        "all_match": all(row["formulas_match"] and row["bytes_match"] for row in rows),
-        "random": [row["name"] for row in rows if row["weights"] != "checkpoint"],
-        "ratios": sorted({round(row["token_ratio"], 1) for row in rows}),
-    }
-
-
-def batch_context(rows: list[dict]) -> dict:
-    """batch.tsv by mode, with what the prose may say: whether the largest B makes tokens faster than
-    the smallest (its gain's interval above 1), up to which B the throughput grows clearly (each B's
-    interval above the one before), and how a decode step's time grew before and after that B."""
-    modes = {}
-    for mode in BATCH_MODES:
-        mode_rows = [row for row in rows if row["mode"] == mode]
-        if not mode_rows:
-            continue
-        first, last = mode_rows[0], mode_rows[-1]
-        grows_to = first
-        for before, after in zip(mode_rows, mode_rows[1:]):
-            if after["S_TG_low"] <= before["S_TG_high"]:
-                break
-            grows_to = after
-        modes[mode] = {
-            "rows": mode_rows, "first": first, "last": last, "grows_to": grows_to,
-            "gain": against((last["S_TG_gain_low"], last["S_TG_gain_high"]), 1.0),
-            "still_growing": grows_to is last,
-            # a decode step's time against the rows it serves, up to grows_to and after it
-            "step_before": grows_to["ms_per_step"] / first["ms_per_step"], "rows_before": grows_to["B"] / first["B"],
-            "step_after": last["ms_per_step"] / grows_to["ms_per_step"], "rows_after": last["B"] / grows_to["B"],
-            "pad_share": last["pad"] / (last["B"] * last["PP"]),
-        }
-    for mode in modes.values():
-        # the per-row work sets the step's time once the step grows at least half as fast as the rows
-        mode["row_bound"] = not mode["still_growing"] and mode["step_after"] >= 1 + (mode["rows_after"] - 1) / 2
-    return {
-        "rows": rows, "modes": modes,
-        "all_same": all(row["same_as_single"] for row in rows),
-        "differing": [f"{row['mode']} B = {row['B']}" for row in rows if not row["same_as_single"]],
-        "bytes_match": all(row["kv_bytes_measured"] == row["kv_bytes_formula"] for row in rows),
-    }
-
-
-def kv_waste_context(rows: list[dict], detail: dict) -> dict:
-    """kv_waste.csv by policy, the requests it was measured on, each policy's requests per budget, and
-    the vLLM paper's shares (theirs). Every request's split must add up to what it reserves."""
-    requests = detail["requests"]
-    budgets = fits_budgets(rows[0])
-    rows = [{**row, "fits": [row[column] for column in budgets.values()]} for row in rows]
-    by_policy = {row["policy"]: row for row in rows}
-    adds_up = all(
-        math.isclose(split["reserved"], split["token"] + split["reservation"] + split["internal_fragmentation"],
-                     rel_tol=1e-9)
-        for request in requests for split in request["slots"].values())
-    prompts = [request["prompt_len"] for request in requests]
-    answers = [request["answer_len"] for request in requests]
-    finals = sorted(request["final_len"] for request in requests)
-    return {
-        "rows": rows, "by_policy": by_policy, "budgets": list(budgets), "adds_up": adds_up,
-        "requests": len(requests), "prompt_range": (min(prompts), max(prompts)),
-        "answer_range": (min(answers), max(answers)), "median_final": finals[len(finals) // 2],
-        "at_eos": sum(request["eos"] for request in requests),
-        "bytes_per_token": detail["bytes_per_token"], "max_length": detail["max_length"],
-        "block_tokens": detail["block_tokens"], "answer_cap": detail["answer_cap"],
-        "fits_gain": by_policy["blocks"]["fits"][0] / by_policy["max_length"]["fits"][0],
-        "paper": VLLM_PAPER,
-    }
-
-
-def capacity_table(rows: list[dict]) -> dict:
-    """kv_capacity.csv as one line per (model, dtype) and one column per (budget, context).
-    A cell reads "requests (concurrency x)"."""
-    columns = list(dict.fromkeys((row["budget_gib"], row["context_tokens"]) for row in rows))
-    lines: dict = {}
-    for row in rows:
-        line = lines.setdefault((row["model"], row["dtype"]), {
-            "model": row["model"], "dtype": row["dtype"], "layers": row["layers"], "kv_heads": row["kv_heads"],
-            "head_dim": row["head_dim"], "formula": row["bytes_per_token_formula"],
-            "measured": row["bytes_per_token_measured"], "by_column": {}})
-        line["by_column"][(row["budget_gib"], row["context_tokens"])] = (
-            f"{row['max_requests']:,} ({row['max_concurrency']:,.2f}x)")
-    for line in lines.values():
-        line["match"] = line["formula"] == line["measured"]
-        measured = line["measured"]
-        line["measured_text"] = f"{measured:,.0f}" if measured == int(measured) else f"{measured:,.2f}"
-        by_column = line.pop("by_column")
-        line["cells"] = [by_column[column] for column in columns]
-    # vLLM's wording for one (model, dtype): the last listed, by default the configured one in float16
-    last = rows[-1]
-    examples = [row for row in rows if (row["model"], row["dtype"]) == (last["model"], last["dtype"])]
-    return {"columns": [{"budget_gib": b, "context_tokens": c} for b, c in columns], "lines": list(lines.values()),
-            "all_match": all(line["match"] for line in lines.values()), "examples": examples,
-            "example_name": f"{last['model']}, {last['dtype']}"}
-
-
-SECTIONS = (model_section, kv_section, temperature_section, topp_section, sweep_section, latency_section,
-            capacity_section, topp_curve_section, compare_section, temp_curve_section, batch_section,
-            kv_waste_section, anatomy_section, fidelity_section)
-
-
-# --- across sections: the timings to read with care, and one generation timed three ways ---------
 
 
 def unstable_timings(results: dict) -> list[dict]:
     """Every timing the rule calls unstable (IQR at least 10% of its median), as {what, share}: step 3's
     modes, the sweep's N, the per-step timing's modes, the compared models, the batches, the opened
-    steps and the two caches' last steps."""
+    steps and the two caches' steps at each context."""
     summary = results["time_runs"]["summary"]
     found = [{"what": "step3", "mode": label, "share": summary[label]["iqr_share"]}
              for label in ("with_cache", "without_cache") if summary[label]["unstable"]]
@@ -404,16 +77,28 @@ def unstable_timings(results: dict) -> list[dict]:
         anatomy, curve = results["step_anatomy"]["anatomy"], results["step_anatomy"]["curve"]
         found += [{"what": "anatomy", "mode": name, "share": anatomy[name]["step"]["iqr_share"]}
                   for name in anatomy["steps"] if anatomy[name]["step"]["unstable"]]
-        found += [{"what": "anatomy", "mode": f"{kind} @ {context}", "share": row["iqr_share"]}
+        found += [{"what": "curve", "mode": kind, "n": context, "share": row["iqr_share"]}
                   for kind in curve["kinds"]
                   for context, row in zip(curve["contexts"], curve[kind]["steps"])
                   if row["unstable"]]
     return found
 
 
+def grouped(timings: list[dict]) -> list[dict]:
+    """Timings to read with care, one entry per part and mode (or model), in order: {what, mode, name,
+    points: [{n, share}]}, so a list of batch sizes reads "B = 1 (13%), 4 (12%)" and not once per B."""
+    groups: dict = {}
+    for item in timings:
+        key = (item["what"], item.get("mode"), item.get("name"))
+        group = groups.setdefault(key, {"what": item["what"], "mode": item.get("mode"), "name": item.get("name"),
+                                        "points": []})
+        group["points"].append({"n": item.get("n"), "share": item["share"]})
+    return list(groups.values())
+
+
 def same_generation(results: dict) -> dict:
     """The lab's timed generation (step 3's P and N) as other parts timed it too: the sweep's row at the
-    same N and the per-step timing's own generations; whether their speedups' intervals all meet."""
+    same N and the per-step timing's own generations, side by side, and whether they agree."""
     step3 = results["time_runs"]["speedup"]
     timings = [{"what": "step3", "ratio": step3["ratio"], "low": step3["low"], "high": step3["high"]}]
     count = results["counts"]
@@ -424,17 +109,139 @@ def same_generation(results: dict) -> dict:
     latency = results.get("latency")
     if latency and latency["new_tokens"] == count["new_tokens"]:
         timings.append({"what": "latency", **latency["measured"]})
-    intervals = [(timing["low"], timing["high"]) for timing in timings]
-    agree = all(overlap(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1:])
-    return {"timings": timings, "agree": agree, "several": len(timings) > 1}
+    verdict = agreement((timing["low"], timing["high"]) for timing in timings)
+    return {"timings": timings, "agreement": verdict["verdict"], "several": len(timings) > 1,
+            "apart": [(timings[i]["what"], timings[j]["what"]) for i, j in verdict["apart"]]}
 
 
-# --- rendering ------------------------------------------------------------------------------------
+# --- the sheet's sections -----------------------------------------------------------------------------
+
+
+def kv_section(results: dict) -> dict:
+    """## KV 캐시: steps 1-4. Whether the cache was faster, by less than its token ratio, and why; the
+    cache's bytes against the formula, and what they would be after repeat_kv."""
+    count, runs, kv = results["counts"], results["time_runs"], results["kvbytes"]
+    formulas = fed_formulas(count["prompt_len"], count["new_tokens"])
+    token_ratio = count["fed_without_cache"] / count["fed_with_cache"]
+    speedup = runs["speedup"]
+    interval = (speedup["low"], speedup["high"])
+    summary = runs["summary"]
+    config = results["model_card"]["models"]["pretrain"]["config"]
+    shape = kv["k_shape"]
+    return {"kv": {
+        "prompt_len": count["prompt_len"], "new_tokens": count["new_tokens"], "same_ids": results["same"]["same_ids"],
+        "fed": {"with_cache": count["fed_with_cache"], "without_cache": count["fed_without_cache"]},
+        "formulas": formulas,
+        "fed_match": (count["fed_with_cache"], count["fed_without_cache"]) == (formulas["with_cache"],
+                                                                              formulas["without_cache"]),
+        "token_ratio": token_ratio, "time": summary, "runs": runs, "speedup": speedup,
+        # the speedup's interval above 1 ("above": the cache was faster), below, or holding 1
+        "cache_time": against(interval, 1.0),
+        # the time gain against the token gain: below it is the fixed cost per step at work
+        "time_vs_tokens": against(interval, token_ratio),
+        "unstable": any(summary[mode]["unstable"] for mode in summary),
+        "tokens": kv["tokens"], "measured_bytes": kv["measured_bytes"], "formula_bytes": kv["formula_bytes"],
+        "bytes_match": kv["measured_bytes"] == kv["formula_bytes"], "k_shape": shape,
+        "kv_heads": shape[2], "heads": config["num_attention_heads"],
+        # what the cache would weigh if MiniMind kept K and V after repeat_kv
+        "after_repeat_kv": kv["formula_bytes"] * config["num_attention_heads"] // shape[2],
+    }}
+
+
+def temperature_section(results: dict) -> dict:
+    """## 온도: step 5's distinct answers, the most common answer of each, and how they move."""
+    rows = []
+    for key, row in results["temp"].items():
+        answers = results["temp_answers"]["answers"][key]
+        text, times = Counter(answers).most_common(1)[0]
+        rows.append({"temperature": key, "distinct": row["distinct"], "samples": len(answers),
+                     "top": text.replace("\n", " ").replace("|", "\\|"), "times": times})
+    rows.sort(key=lambda row: float(row["temperature"]))
+    lowest = rows[0]
+    return {"temperature": {
+        "rows": rows, "question": results["temp_answers"]["question"],
+        "chat_template": results["temp_answers"]["chat_template"],
+        "direction": direction(row["distinct"] for row in rows),
+        # at the lowest temperature, do (nearly) all answers agree? at most a fifth distinct
+        "lowest_agree": lowest["distinct"] <= max(1, lowest["samples"] // 5), "lowest": lowest,
+    }}
+
+
+def topp_section(results: dict) -> dict:
+    """## top-p: step 6's survivors after the flat and the sharp prefix, and which keeps more."""
+    sharp = results["topp_sharp"]
+    rows = [{"p": p, "flat": n, "sharp": sharp["survivors"].get(p)} for p, n in results["topp"].items()]
+    return {"topp": {
+        "rows": rows, "flat_prefix": sharp["flat_prefix"], "sharp_prefix": sharp["prefix"],
+        "comparison": comparison((row["flat"], row["sharp"]) for row in rows),
+        "ties": sum(row["flat"] == row["sharp"] for row in rows),
+    }}
+
+
+def serving_section(results: dict) -> dict:
+    """The last section: the cache's bytes per token → the requests that fit a budget → the throughput
+    measured with many requests at once, and where memory, not compute, would be the limit (MiniMind's
+    published size in float16 at a long context)."""
+    if "kv_capacity" not in results or "batch" not in results:
+        return {}
+    capacity = results["kv_capacity"]
+    lab_name, lab_dtype = capacity[0]["model"], capacity[0]["dtype"]
+    budget = capacity[0]["budget_gib"]
+    lab = [row for row in capacity if (row["model"], row["dtype"], row["budget_gib"]) == (lab_name, lab_dtype, budget)]
+    big_rows = [row for row in capacity if row["model"] != lab_name and row["dtype"] == "float16"
+                and row["budget_gib"] == budget] or [row for row in capacity if row["budget_gib"] == budget]
+    big = max(big_rows, key=lambda row: (row["context_tokens"], row["bytes_per_token_measured"]))
+    distinct = [row for row in results["batch"] if row["mode"] == "distinct"] or results["batch"]
+    last, before = distinct[-1], distinct[-2] if len(distinct) > 1 else distinct[-1]
+    budget_bytes = budget * 1024**3
+    return {"serving": {
+        "bytes_per_token": lab[0]["bytes_per_token_measured"], "dtype": lab_dtype, "budget_gib": budget,
+        "lab": lab,  # requests that fit the budget at each context
+        "batch": {"B": last["B"], "before_B": before["B"], "throughput": last["S_TG t/s"],
+                  "low": last["S_TG_low"], "high": last["S_TG_high"], "cache_bytes": last["kv_bytes_measured"],
+                  "budget_share": last["kv_bytes_measured"] / budget_bytes,
+                  # the throughput at the largest B against the B before it: "rises", "falls" or "unclear"
+                  "last_step": steps([(before["S_TG_low"], before["S_TG_high"]), (last["S_TG_low"], last["S_TG_high"])])[0],
+                  "gain": last["S_TG t/s"] / before["S_TG t/s"]},
+        "big": {"model": big["model"], "dtype": big["dtype"], "bytes_per_token": big["bytes_per_token_measured"],
+                "context": big["context_tokens"], "request_bytes": big["bytes_per_request"],
+                "fits": big["max_requests"], "layers": big["layers"], "kv_heads": big["kv_heads"],
+                "head_dim": big["head_dim"]},
+        # memory sets the limit where no more such requests fit the budget than the batch measured here
+        "memory_bound": big["max_requests"] <= last["B"],
+    }}
+
+
+SHEET_SECTIONS = (kv_section, temperature_section, topp_section, serving_section)
+
+
+# --- the two reports ------------------------------------------------------------------------------------
+
+
+def sheet_context(results: dict, given: dict[str, bool]) -> dict:
+    """Everything `report.md` reads: the provenance, the timings to read with care, every section's."""
+    context = {"provenance": provenance(results, given), "unstable": grouped(unstable_timings(results)),
+               "unstable_rule": UNSTABLE_IQR_SHARE}
+    for section in SHEET_SECTIONS:
+        context.update(section(results))
+    return context
+
+
+def beyond_context(results: dict, figures: dict[str, str]) -> dict:
+    """Everything `beyond.md` reads: the timings to read with care, the one generation timed several
+    ways, and the sections beyond the sheet whose results were given (each with its figure)."""
+    context = {"unstable": grouped(unstable_timings(results)), "unstable_rule": UNSTABLE_IQR_SHARE,
+               "same_generation": same_generation(results), "figures": figures,
+               "token_ratio": results["counts"]["fed_without_cache"] / results["counts"]["fed_with_cache"]}
+    for section in beyond.SECTIONS:
+        context.update(section(results))
+    return context
 
 
 def load_results(paths: dict[str, str]) -> tuple[dict, dict]:
-    """The report's inputs by name: (JSON files as dicts and CSV tables as lists of row dicts,
-    figures (PNG) as links relative to the report, which sits in the same folder as figures/)."""
+    """The reports' inputs by name: (JSON files as dicts and CSV tables as lists of row dicts, typed
+    once as they are read; figures (PNG) as links relative to the report, which sits in the same folder
+    as figures/)."""
     results: dict = {}
     figures: dict = {}
     for name, path in paths.items():
@@ -450,7 +257,14 @@ def load_results(paths: dict[str, str]) -> tuple[dict, dict]:
     return results, figures
 
 
-def render_report(template_path, result_paths: dict[str, str], language: str) -> str:
-    """Load the result files ({input name: path}) and render the template in a sandbox."""
+def render_report(template_path, result_paths: dict[str, str], language: str, given: dict[str, bool] | None = None
+                  ) -> str:
+    """Load the result files ({input name: path}) and render the report whose entry template is
+    `template_path` (templates/report/report.md.j2 or templates/report/beyond.md.j2) in a sandbox."""
     results, figures = load_results(result_paths)
-    return sandboxed_template(template_path).render(**build_context(results, language), **figures)
+    template_path = Path(template_path)
+    if template_path.name == BEYOND_TEMPLATE:
+        context = beyond_context(results, figures)
+    else:
+        context = sheet_context(results, given or {})
+    return sandboxed_template(template_path, language=language).render(lang=language, **context)

@@ -1,17 +1,21 @@
-"""The verdicts the report's sentences are chosen by: how a sequence moves, which of two sides is
-larger, where a measured interval lies against a value, how a sequence of intervals moves. Each is a
-word computed from the numbers, so that no sentence claims what the numbers do not show."""
+"""The verdicts the reports' sentences are chosen by. Each is a word computed from the numbers (and
+their spreads), tested on thousands of drawn cases (tests/test_verdicts.py): a template never states
+a comparison of its own, it picks the sentence that belongs to the verdict.
+
+Intervals are (low, high) pairs, e.g. a speedup's interval from both timings' quartiles
+(kvlab.facts.timing.ratio_interval). Two intervals are told apart only when they do not meet.
+"""
 
 from __future__ import annotations
 
-# How consistently a sequence must move for the report to call it a trend (Kendall's tau).
+# How consistently a sequence of counts must move for the report to call it a trend (Kendall's tau).
 TREND_TAU = 0.6
 
 
 def direction(values) -> str:
-    """How a sequence moves with its index: "flat" (all equal), "up" or "down" when Kendall's tau
-    with the index is at least TREND_TAU in size and the ends agree, else "mixed". A noisy but
-    clearly rising curve is "up"; a curve that goes up and comes back is not."""
+    """How a sequence of exact counts moves with its index: "flat" (all equal), "up" or "down" when
+    Kendall's tau with the index is at least TREND_TAU in size and the ends agree, else "mixed". A
+    noisy but clearly rising curve is "up"; a curve that goes up and comes back is not."""
     values = list(values)
     if len(set(values)) <= 1:
         return "flat"
@@ -25,8 +29,8 @@ def direction(values) -> str:
 
 
 def comparison(pairs) -> str:
-    """For (a, b) pairs: "first" if a is at least b in every pair and above it in one, "second" the
-    other way round, "equal" if every pair ties, else "mixed" (the order changes)."""
+    """For (a, b) pairs of exact counts: "first" if a is at least b in every pair and above it in one,
+    "second" the other way round, "equal" if every pair ties, else "mixed" (the order changes)."""
     pairs = list(pairs)
     if not pairs or all(a == b for a, b in pairs):
         return "equal"
@@ -38,26 +42,58 @@ def comparison(pairs) -> str:
 
 
 def against(interval: tuple[float, float], value: float) -> str:
-    """Where a measured interval (low, high) lies against a value: "below", "above", or "within"
-    (this machine cannot tell them apart)."""
+    """Where a measured interval lies against a value: "above" (wholly above it), "below" (wholly
+    below), or "within" (it holds the value: this machine cannot tell them apart)."""
     low, high = interval
-    if high < value:
-        return "below"
     if low > value:
         return "above"
+    if high < value:
+        return "below"
     return "within"
 
 
-def interval_direction(intervals) -> str:
-    """How a sequence of intervals (low, high) moves: "up" when each lies wholly above the one before,
-    "down" wholly below, "unclear" when some neighbours overlap (the spreads cannot tell them apart),
-    "single" for one."""
+def value_against(value: float, interval: tuple[float, float]) -> str:
+    """Where a value (a prediction, a bound) lies against a measured interval: "above", "below" or
+    "within". The mirror of `against`, named for the value, so a sentence about the value reads it."""
+    return {"above": "below", "below": "above", "within": "within"}[against(interval, value)]
+
+
+def order(first: tuple[float, float], second: tuple[float, float]) -> str:
+    """The first interval against the second: "above" (its low above the other's high), "below", or
+    "overlap" (they meet: the spreads cannot tell them apart)."""
+    if first[0] > second[1]:
+        return "above"
+    if first[1] < second[0]:
+        return "below"
+    return "overlap"
+
+
+def steps(intervals) -> list[str]:
+    """Each neighbour's verdict in a sequence of intervals: "rises", "falls" or "unclear" (they
+    meet), one word per step from one interval to the next. The report says a trend step by step:
+    "rises from lab to mid, then cannot tell"."""
     intervals = list(intervals)
-    if len(intervals) < 2:
+    words = {"above": "rises", "below": "falls", "overlap": "unclear"}
+    return [words[order(after, before)] for before, after in zip(intervals, intervals[1:])]
+
+
+def trend(intervals) -> str:
+    """The whole sequence's verdict: "up" or "down" when every step rises or every step falls,
+    "single" for fewer than two, else "mixed" (some steps unclear or the way changes)."""
+    words = steps(intervals)
+    if not words:
         return "single"
-    pairs = list(zip(intervals, intervals[1:]))
-    if all(after[0] > before[1] for before, after in pairs):
+    if all(word == "rises" for word in words):
         return "up"
-    if all(after[1] < before[0] for before, after in pairs):
+    if all(word == "falls" for word in words):
         return "down"
-    return "unclear"
+    return "mixed"
+
+
+def agreement(intervals) -> dict:
+    """Whether measurements of one quantity agree: "agree" when every pair of intervals meets,
+    else "disagree", with the index pairs that are apart."""
+    intervals = list(intervals)
+    apart = [(i, j) for i in range(len(intervals)) for j in range(i + 1, len(intervals))
+             if order(intervals[i], intervals[j]) != "overlap"]
+    return {"verdict": "disagree" if apart else "agree", "apart": apart}

@@ -1,0 +1,285 @@
+"""The sections of results/beyond.md: what lies beyond the lab sheet, each short, each a function of the
+loaded result files alone, giving nothing when its result was not built. The wide tables stay in
+the result files and lab_tables.html; each section here shows at most six columns, its figure, and
+the sentences its verdicts (kvlab.present.verdicts) choose.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvlab.facts.formulas import BATCH_MODES, VLLM_PAPER, fits_budgets
+from kvlab.present.verdicts import against, comparison, direction, steps, trend, value_against
+
+
+def model_section(results: dict) -> dict:
+    """The models: each checkpoint's layout and where its fields came from; the prompt's perplexity."""
+    return {"card": model_card_context(results["model_card"])}
+
+
+def model_card_context(card: dict) -> dict:
+    """model_card.json with each model's fields grouped by where they came from."""
+    models = []
+    for name, entry in card["models"].items():
+        by_source: dict[str, list[str]] = {}
+        for field, source in entry["sources"].items():
+            by_source.setdefault(source, []).append(f"{field} {entry['config'][field]}")
+        models.append({"name": name, "layout": entry["layout"], "parameters": entry["parameters"],
+                       "config": entry["config"], "by_source": by_source, "head_count": entry.get("head_count")})
+    return {"models": models, "warnings": card["warnings"], "perplexity": card["prompt_perplexity"],
+            "tokenizer_vocab_size": card["tokenizer_vocab_size"]}
+
+
+def formulas_match(row: dict) -> bool:
+    """Whether a row's fed tokens (sweep.csv, compare.csv) equal both formulas."""
+    return (row["fed_with_cache"] == row["formula_with_cache"]
+            and row["fed_without_cache"] == row["formula_without_cache"])
+
+
+def sweep_section(results: dict) -> dict:
+    """Steps 1-3 for several N: the counts against the formulas, and at the longest N the time gain
+    against the token gain."""
+    if "sweep" not in results:
+        return {}
+    rows = [{**row, "formulas_match": formulas_match(row)} for row in results["sweep"]]
+    last = rows[-1]
+    return {"sweep": {"rows": rows, "last": last, "all_match": all(row["formulas_match"] for row in rows),
+                      "all_same": all(row["same_ids"] for row in rows),
+                      "time_vs_tokens": against((last["speedup_low"], last["speedup_high"]), last["token_ratio"])}}
+
+
+def latency_section(results: dict) -> dict:
+    """Step 3's generation timed a step at a time: TTFT, TPOT, and what a fixed cost per step plus a
+    cost per token fed predicts, against what was measured."""
+    if "latency" not in results:
+        return {}
+    latency = results["latency"]
+    return {"latency": {
+        **{label: {key: latency[label][key] for key in ("ttft_s", "ttft", "tpot_s", "sum_steps_s", "generate_s",
+                                                       "generate")}
+           for label in ("with_cache", "without_cache")},
+        "fit": latency["fit"],
+        "predicted": latency["predicted"],
+        # the speedup of these same instrumented generations, the one the fit predicts
+        "measured": latency["measured"],
+        "new_tokens": latency["new_tokens"],
+        "prompt_len": latency["prompt_len"],
+        "ttft_agree": latency["ttft_agree"],
+        # a fit that explains little, or a negative fixed cost, says the clock was noisy
+        "fit_unreliable": latency["fit"]["r2"] < 0.8 or latency["fit"]["fixed_s"] <= 0,
+        # the prediction against the measured interval: "above", "below" or "within" it
+        "prediction": value_against(latency["predicted"]["speedup"],
+                                    (latency["measured"]["low"], latency["measured"]["high"])),
+    }}
+
+
+def capacity_section(results: dict) -> dict:
+    return {"capacity": capacity_table(results["kv_capacity"])} if "kv_capacity" in results else {}
+
+
+def topp_curve_section(results: dict) -> dict:
+    """Top-p survivors for every p after both prefixes, and which keeps more."""
+    if "topp_curve" not in results:
+        return {}
+    rows = results["topp_curve"]
+    # the lab sheet's own p values, and the end of the curve
+    marks = [row for row in rows if row["lab_p"] or row is rows[-1]]
+    last = rows[-1]
+    # at p = 1 the rule may still cut the tail (the rounded cumulative sum passing 1): how much
+    cut = {"flat": last["vocab_size"] - last["flat"], "sharp": last["vocab_size"] - last["sharp"]}
+    return {"topp_curve": {"rows": rows, "first": rows[0], "last": last, "marks": marks, "cut": cut,
+                           "cut_share": {key: n / last["vocab_size"] for key, n in cut.items()},
+                           "comparison": comparison((row["flat"], row["sharp"]) for row in rows),
+                           "ties": sum(row["flat"] == row["sharp"] for row in rows)}}
+
+
+def temp_curve_section(results: dict) -> dict:
+    """Distinct answers and entropy for a grid of temperatures, and how each moves."""
+    if "temp_curve" not in results:
+        return {}
+    rows = results["temp_curve"]
+    return {"temp_curve": {"rows": rows, "first": rows[0], "last": rows[-1],
+                           "max_distinct": max(rows, key=lambda row: row["distinct"]),
+                           "distinct": direction(row["distinct"] for row in rows),
+                           "entropy": direction(row["mean_entropy_nats"] for row in rows)}}
+
+
+def compare_section(results: dict) -> dict:
+    return {"compare": compare_context(results["compare"])} if "compare" in results else {}
+
+
+def batch_section(results: dict) -> dict:
+    return {"batch": batch_context(results["batch"])} if "batch" in results else {}
+
+
+def kv_waste_section(results: dict) -> dict:
+    if "kv_waste" not in results:
+        return {}
+    return {"kv_waste": kv_waste_context(results["kv_waste"], results["kv_waste_requests"])}
+
+
+def anatomy_section(results: dict) -> dict:
+    if "step_anatomy" not in results:
+        return {}
+    return {"anatomy": anatomy_context(results["step_anatomy"], results.get("latency"))}
+
+
+def fidelity_section(results: dict) -> dict:
+    if "fidelity" not in results:
+        return {}
+    fidelity = results["fidelity"]
+    return {"fidelity": {"identical": fidelity["identical"], "checks": fidelity["checks"],
+                         "differing": len(fidelity["differences"]), "path": fidelity["minimind"]["path"],
+                         "layout": fidelity["minimind"]["layout"],
+                         "first": fidelity["differences"][0] if fidelity["differences"] else None}}
+
+
+# Of a cached step's time, the fixed share above which the report calls it most of the step, and
+# below which a small part.
+MOST, SMALL = 0.5, 0.25
+
+
+def anatomy_context(data: dict, latency: dict | None) -> dict:
+    """step_anatomy.json for the prose: the three steps' parts (shares in %, the order of the largest
+    computations, the fixed cost per operator call), whether the sheet's "fixed cost per step
+    (Python and kernel calls)" is most, a large part or a small part of a cached step (judged only
+    when the cached step's parts add up), the per-step fit's fixed cost beside it (when the latency
+    split ran), and where the preallocated (and compiled) steps lie against the others."""
+    anatomy, curve = data["anatomy"], data["curve"]
+    names = anatomy["steps"]
+    steps = {}
+    for name in names:
+        step = anatomy[name]
+        computed = {part: step["shares"][part] for part in anatomy["compute_parts"]}
+        steps[name] = {**step, "percent": {part: 100 * share for part, share in step["shares"].items()},
+                       "off_percent": 100 * step["sum_of_parts_off"],
+                       "largest": sorted(computed, key=computed.get, reverse=True)[:3],
+                       "us_per_call": 1e3 * step["ms"]["fixed"] / step["operator_calls"] if step["operator_calls"] else 0.0}
+    cached = anatomy["with_cache_cat"]
+    fixed = cached["shares"]["fixed"]
+    compiled = curve.get("compiled")
+    return {
+        **steps,
+        "steps": names,
+        "context_tokens": anatomy["context_tokens"],
+        "shrunk_sizes": anatomy["shrunk_sizes"],
+        "pairs": anatomy["profiled_pairs"],
+        # a verdict on the sheet's explanation only from parts that add up to the step
+        "verdict": ("unclear" if not cached["adds_up"]
+                    else "most" if fixed >= MOST else "small" if fixed < SMALL else "large"),
+        "all_add_up": all(steps[name]["adds_up"] for name in steps),
+        "not_adding_up": [name for name in names if not steps[name]["adds_up"]],
+        "other_operators": [name for name in names if not steps[name]["same_operators"]],
+        "fit_fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
+        "curve": curve,
+        "longest": curve["contexts"][-1],
+        # cat / static: "above" 1 when MiniMind's cache is slower, "below" when faster, "within" can't tell
+        "static_vs_cat": against((curve["cat_over_static"]["low"], curve["cat_over_static"]["high"]), 1.0),
+        "compiled": compiled,
+        "compiled_same_token": all(compiled["same_next_token"]) if compiled else None,
+        "compiled_max_difference": max(compiled["max_logit_difference"]) if compiled else None,
+        # compiled at the shortest context, even its third quartile under the eager step's fixed cost:
+        # compiling cut the fixed cost itself, not only the arithmetic
+        "compiled_under_fixed": bool(compiled and compiled["q3_ms"][0] < anatomy["with_cache_static"]["ms"]["fixed"]),
+        "compiled_vs_static": (against((curve["static_over_compiled"]["low"], curve["static_over_compiled"]["high"]), 1.0)
+                               if compiled else None),
+    }
+
+
+def compare_context(rows: list[dict]) -> dict:
+    """compare.csv by model size, with the speedup as a share of the token ratio, and how the speedup
+    and the fixed share of an average no-cache step move from one size to the next, told step by step
+    where the spreads of neighbouring sizes do not meet."""
+    rows = sorted(({**row, "of_ratio": row["speedup"] / row["token_ratio"], "formulas_match": formulas_match(row),
+                    "bytes_match": row["kv_bytes_per_token_formula"] == row["kv_bytes_per_token_measured"]}
+                   for row in rows), key=lambda row: row["parameters"])
+    speedups = [(row["speedup_low"], row["speedup_high"]) for row in rows]
+    shares = [(row["fixed_share_without_cache_low"], row["fixed_share_without_cache_high"]) for row in rows]
+    return {
+        "rows": rows, "smallest": rows[0], "largest": rows[-1],
+        "speedup_steps": [{"from": a["name"], "to": b["name"], "verdict": verdict}
+                          for a, b, verdict in zip(rows, rows[1:], steps(speedups))],
+        "speedup_trend": trend(speedups), "fixed_share_trend": trend(shares),
+        "all_same": all(row["same_ids"] for row in rows),
+        "all_match": all(row["formulas_match"] and row["bytes_match"] for row in rows),
+        "random": [row["name"] for row in rows if row["weights"] != "checkpoint"],
+    }
+
+
+def batch_context(rows: list[dict]) -> dict:
+    """batch.tsv by mode, with what the prose may say: whether the largest B makes tokens faster than
+    the smallest (its gain's interval above 1), up to which B the throughput grows clearly (each B's
+    interval above the one before), and how a decode step's time grew before and after that B."""
+    modes = {}
+    for mode in BATCH_MODES:
+        mode_rows = [row for row in rows if row["mode"] == mode]
+        if not mode_rows:
+            continue
+        first, last = mode_rows[0], mode_rows[-1]
+        grows_to = first
+        for before, after in zip(mode_rows, mode_rows[1:]):
+            if after["S_TG_low"] <= before["S_TG_high"]:
+                break
+            grows_to = after
+        modes[mode] = {
+            "rows": mode_rows, "first": first, "last": last, "grows_to": grows_to,
+            "gain": against((last["S_TG_gain_low"], last["S_TG_gain_high"]), 1.0),
+            "still_growing": grows_to is last,
+            # a decode step's time against the rows it serves, up to grows_to and after it
+            "step_before": grows_to["ms_per_step"] / first["ms_per_step"], "rows_before": grows_to["B"] / first["B"],
+            "step_after": last["ms_per_step"] / grows_to["ms_per_step"], "rows_after": last["B"] / grows_to["B"],
+            "pad_share": last["pad"] / (last["B"] * last["PP"]),
+        }
+    for mode in modes.values():
+        # the per-row work sets the step's time once the step grows at least half as fast as the rows
+        mode["row_bound"] = not mode["still_growing"] and mode["step_after"] >= 1 + (mode["rows_after"] - 1) / 2
+    return {
+        "rows": rows, "modes": modes,
+        "all_same": all(row["same_as_single"] for row in rows),
+        "differing": [f"{row['mode']} B = {row['B']}" for row in rows if not row["same_as_single"]],
+        "bytes_match": all(row["kv_bytes_measured"] == row["kv_bytes_formula"] for row in rows),
+    }
+
+
+def kv_waste_context(rows: list[dict], detail: dict) -> dict:
+    """kv_waste.csv by policy, the requests it was measured on, each policy's requests per budget, and
+    the vLLM paper's shares (theirs). Every request's split must add up to what it reserves."""
+    requests = detail["requests"]
+    budgets = fits_budgets(rows[0])
+    rows = [{**row, "fits": [row[column] for column in budgets.values()]} for row in rows]
+    by_policy = {row["policy"]: row for row in rows}
+    adds_up = all(
+        math.isclose(split["reserved"], split["token"] + split["reservation"] + split["internal_fragmentation"],
+                     rel_tol=1e-9)
+        for request in requests for split in request["slots"].values())
+    prompts = [request["prompt_len"] for request in requests]
+    answers = [request["answer_len"] for request in requests]
+    finals = sorted(request["final_len"] for request in requests)
+    return {
+        "rows": rows, "by_policy": by_policy, "budgets": list(budgets), "adds_up": adds_up,
+        "requests": len(requests), "prompt_range": (min(prompts), max(prompts)),
+        "answer_range": (min(answers), max(answers)), "median_final": finals[len(finals) // 2],
+        "at_eos": sum(request["eos"] for request in requests),
+        "bytes_per_token": detail["bytes_per_token"], "max_length": detail["max_length"],
+        "block_tokens": detail["block_tokens"], "answer_cap": detail["answer_cap"],
+        "fits_gain": by_policy["blocks"]["fits"][0] / by_policy["max_length"]["fits"][0],
+        "paper": VLLM_PAPER,
+    }
+
+
+def capacity_table(rows: list[dict]) -> dict:
+    """kv_capacity.csv as one line per (model, dtype, context) with the requests that fit each budget,
+    and whether every measured byte count equals the formula."""
+    budgets = list(dict.fromkeys(row["budget_gib"] for row in rows))
+    lines: dict = {}
+    for row in rows:
+        line = lines.setdefault((row["model"], row["dtype"], row["context_tokens"]), {
+            "model": row["model"], "dtype": row["dtype"], "context": row["context_tokens"],
+            "bytes_per_token": row["bytes_per_token_measured"], "fits": {}})
+        line["fits"][row["budget_gib"]] = row["max_requests"]
+    return {"budgets": budgets, "lines": [{**line, "fits": [line["fits"][b] for b in budgets]} for line in lines.values()],
+            "all_match": all(row["bytes_per_token_formula"] == row["bytes_per_token_measured"] for row in rows)}
+
+
+SECTIONS = (model_section, sweep_section, latency_section, anatomy_section, capacity_section, topp_curve_section,
+            temp_curve_section, compare_section, batch_section, kv_waste_section, fidelity_section)

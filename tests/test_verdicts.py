@@ -1,0 +1,90 @@
+"""The verdicts the reports' sentences are chosen by (kvlab.present.verdicts), held to their meaning on
+drawn numbers: an interval said to lie above another lies wholly above it, a trend said to rise rises
+at every step, measurements said to agree all meet."""
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlab.present import verdicts
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
+interval = st.tuples(finite, finite).map(sorted).map(tuple)
+intervals = st.lists(interval, min_size=0, max_size=8)
+
+
+@given(interval, finite)
+def test_against_says_where_the_interval_lies(span, value):
+    verdict = verdicts.against(span, value)
+    assert verdict == ("above" if span[0] > value else "below" if span[1] < value else "within")
+    assert verdicts.value_against(value, span) == {"above": "below", "below": "above", "within": "within"}[verdict]
+
+
+@given(interval, interval, st.floats(0, 1), st.floats(0, 1))
+def test_order_is_apart_only_when_every_value_is(first, second, x, y):
+    verdict = verdicts.order(first, second)
+    mirror = verdicts.order(second, first)
+    assert {verdict, mirror} in ({"overlap"}, {"above", "below"})
+    a = first[0] + x * (first[1] - first[0])  # any value of each interval
+    b = second[0] + y * (second[1] - second[0])
+    if verdict == "above":
+        assert a > b
+    elif verdict == "below":
+        assert a < b
+    else:  # they meet: some value lies in both
+        assert max(first[0], second[0]) <= min(first[1], second[1])
+
+
+@given(intervals)
+def test_a_trend_is_told_step_by_step(spans):
+    words = verdicts.steps(spans)
+    assert len(words) == max(len(spans) - 1, 0)
+    for word, (before, after) in zip(words, zip(spans, spans[1:])):
+        assert word == {"above": "rises", "below": "falls", "overlap": "unclear"}[verdicts.order(after, before)]
+    trend = verdicts.trend(spans)
+    if len(spans) < 2:
+        assert trend == "single"
+    elif trend == "up":
+        assert all(after[0] > before[1] for before, after in zip(spans, spans[1:]))
+    elif trend == "down":
+        assert all(after[1] < before[0] for before, after in zip(spans, spans[1:]))
+    else:
+        assert trend == "mixed" and len(set(words)) > 1 or words[0] == "unclear"
+
+
+@given(st.lists(st.floats(0, 0.9), min_size=2, max_size=8))
+def test_disjoint_rising_intervals_rise(widths):
+    spans = [(index, index + width) for index, width in enumerate(widths)]  # each below the next
+    assert verdicts.trend(spans) == "up" and verdicts.trend(spans[::-1]) == "down"
+    # one step whose intervals meet makes the trend mixed, and that step unclear
+    meeting = spans[:1] + [(spans[0][0], spans[0][1])] + spans[1:]
+    assert verdicts.steps(meeting)[0] == "unclear" and verdicts.trend(meeting) == "mixed"
+
+
+@given(intervals)
+def test_measurements_agree_when_every_pair_meets(spans):
+    result = verdicts.agreement(spans)
+    apart = {(i, j) for i in range(len(spans)) for j in range(i + 1, len(spans))
+             if max(spans[i][0], spans[j][0]) > min(spans[i][1], spans[j][1])}
+    assert set(result["apart"]) == apart
+    assert result["verdict"] == ("disagree" if apart else "agree")
+
+
+@given(st.lists(st.integers(0, 50), min_size=0, max_size=10))
+def test_direction_of_counts_mirrors(values):
+    word = verdicts.direction(values)
+    assert verdicts.direction(values[::-1]) == {"up": "down", "down": "up"}.get(word, word)
+    if len(set(values)) <= 1:
+        assert word == "flat"
+    if word == "up":
+        assert values[-1] > values[0]
+    if values == sorted(values) and len(set(values)) > 1 and len(set(values)) == len(values):
+        assert word == "up"
+
+
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=8))
+def test_comparison_of_counts(pairs):
+    word = verdicts.comparison(pairs)
+    assert verdicts.comparison([(b, a) for a, b in pairs]) == {"first": "second", "second": "first"}.get(word, word)
+    if word == "first":
+        assert all(a >= b for a, b in pairs) and any(a > b for a, b in pairs)
+    if word == "mixed":
+        assert any(a > b for a, b in pairs) and any(a < b for a, b in pairs)
