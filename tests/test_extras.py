@@ -178,8 +178,8 @@ def chromium_and_playwright():
 
 
 def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(html_report):
-    """As a teacher opens it: the front page is about the lab, in the report's language (ko here), and
-    the lab report is shown in the page, its three sections and its eight figures loaded."""
+    """As a teacher opens it: the front page is about the lab, in the report's language (ko here), its
+    link opens the lab's reports in the page, their sections and eight figures loaded, in their own font."""
     executable, sync_playwright = chromium_and_playwright()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
@@ -188,13 +188,17 @@ def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(
             page.goto(html_report.as_uri())
             front = page.locator("body")
             front.get_by_text("KV 캐시와 샘플링").first.wait_for(timeout=30_000)
-            assert "Lab report" in front.inner_text() and "lab_report.html" in front.inner_text()
+            assert "Lab report" in front.inner_text() and "보고서 열기" in front.inner_text()
             assert "System Message" not in front.inner_text()  # the front page's reStructuredText is clean
-            page.get_by_text("Lab report", exact=True).first.click()
-            page.locator("tr", has_text="lab_report.html").locator("a[iconname=eye]").click()
+            page.get_by_text("보고서 열기", exact=True).first.click()  # the front page's link opens the report
             shown = page.frame_locator("iframe").first
             shown.locator("h2").first.wait_for(timeout=30_000)
-            assert {"KV 캐시", "온도", "top-p"} <= set(shown.locator("h2").all_inner_texts())
+            headings = shown.locator("h2").all_inner_texts()
+            assert {"KV 캐시", "온도", "top-p"} <= set(headings) and "비용 곡선" in headings  # both reports
+            # the page carries its Hangul font: the headings are drawn in it, whatever the machine has
+            family = shown.locator("h2").first.evaluate("h => getComputedStyle(h).fontFamily")
+            assert family.startswith('"kvlab NanumGothic"'), family
+            assert shown.locator("body").evaluate("b => document.fonts.check('16px \"kvlab NanumGothic\"', '캐시')")
             images = shown.locator("img")
             assert images.count() == 8
             loaded = images.evaluate_all("images => images.map(image => image.complete && image.naturalWidth > 0)")

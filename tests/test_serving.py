@@ -11,7 +11,7 @@ import torch
 from kvlab.engine.model import left_pad
 from kvlab.io import read_csv_rows
 from kvlab.measure import batch, kv_waste, prompt
-from kvlab.present.report import batch_context, kv_waste_context
+from kvlab.present.beyond import batch_context, kv_waste_context
 from kvlab.measure.steps import GREEDY
 
 from helpers import course_config, dry_run_jobs, random_model

@@ -13,7 +13,6 @@ import pytest
 
 from kvlab.grade import check
 from kvlab.facts import timing
-from kvlab.present.report import against, comparison, interval_direction
 
 from helpers import ROOT, course_config, snakemake
 
@@ -60,25 +59,6 @@ def test_repeats_adapt_to_a_steady_or_a_noisy_machine():
     assert sum(samples) >= 10 and sum(samples) < 13 and timing.summary(samples)["unstable"]
     run, clock = runner([1.0, 2.0] * 50)
     assert len(timing.repeat(run, 3, max_seconds=0, clock=clock)) == 3  # 0: never past the repeats
-
-
-# --- the words the report picks -------------------------------------------------------------------------
-
-
-def test_comparisons_read_ties_as_ties():
-    assert comparison([(1, 1), (3, 1), (9, 2)]) == "first"  # at least as many everywhere, more somewhere
-    assert comparison([(1, 1), (1, 3)]) == "second"
-    assert comparison([(2, 2), (5, 5)]) == "equal"
-    assert comparison([(3, 1), (1, 3)]) == "mixed"
-
-
-def test_trends_and_comparisons_follow_the_intervals():
-    assert against((3.0, 4.0), 1.0) == "above" and against((0.4, 0.6), 1.0) == "below"
-    assert against((0.9, 1.2), 1.0) == "within"
-    assert interval_direction([(1.0, 2.0), (2.5, 3.0), (3.5, 4.0)]) == "up"
-    assert interval_direction([(2.4, 2.6), (2.5, 2.6), (3.5, 4.0)]) == "unclear"  # the first two meet
-    assert interval_direction([(3.0, 4.0), (1.0, 2.0)]) == "down"
-    assert interval_direction([(1.0, 2.0)]) == "single"
 
 
 # --- a timed job that shares its core ----------------------------------------------------------------

@@ -88,3 +88,12 @@ def test_comparison_of_counts(pairs):
         assert all(a >= b for a, b in pairs) and any(a > b for a, b in pairs)
     if word == "mixed":
         assert any(a > b for a, b in pairs) and any(a < b for a, b in pairs)
+
+
+def test_the_cases_a_reader_checks_by_eye():
+    assert verdicts.comparison([(1, 1), (3, 1), (9, 2)]) == "first"  # at least as many everywhere, more somewhere
+    assert verdicts.comparison([(3, 1), (1, 3)]) == "mixed"
+    assert verdicts.against((0.9, 1.2), 1.0) == "within"
+    assert verdicts.value_against(5.30, (5.03, 5.28)) == "above"  # a prediction above the measured interval
+    assert verdicts.steps([(2.27, 2.44), (3.75, 3.93), (3.80, 4.10)]) == ["rises", "unclear"]  # lab → mid → small
+    assert verdicts.trend([(2.4, 2.6), (2.5, 2.6), (3.5, 4.0)]) == "mixed"  # the first two meet

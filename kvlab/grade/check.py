@@ -104,7 +104,7 @@ class Folder:
         except Unusable as err:
             return err
         except json.JSONDecodeError as err:
-            return Unusable(f"{file_name} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})")
+            return Unusable(f"{file_name} is not valid JSON ({err.msg}: line {err.lineno}, column {err.colno})")
         except ValueError as err:
             return Unusable(f"{file_name} is not valid JSON ({err})")
         except RecursionError:

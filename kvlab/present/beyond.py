@@ -223,6 +223,8 @@ def batch_context(rows: list[dict]) -> dict:
             grows_to = after
         modes[mode] = {
             "rows": mode_rows, "first": first, "last": last, "grows_to": grows_to,
+            # the throughput from each B to the next: "rises", "falls" or "unclear" (intervals meet)
+            "steps": steps((row["S_TG_low"], row["S_TG_high"]) for row in mode_rows),
             "gain": against((last["S_TG_gain_low"], last["S_TG_gain_high"]), 1.0),
             "still_growing": grows_to is last,
             # a decode step's time against the rows it serves, up to grows_to and after it
