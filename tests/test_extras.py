@@ -121,11 +121,16 @@ def test_topp_curve_agrees_with_the_lab_step(built):
 
 def test_temperature_curve_agrees_with_the_lab_step(built):
     curve = pd.read_csv(built / "temp_curve.csv").to_dict("records")
-    assert [row["temperature"] for row in curve] == [0.5, 1.0, 1.5]
-    # same question, samples, seed and rule as step 5: at 1.5 the counts must be the lab's
-    assert next(row for row in curve if row["temperature"] == 1.5)["distinct"] == load(built, "temp.json")["1.5"]["distinct"]
-    answers = load(built, "temp_curve_answers.json")["answers"]
-    assert answers["1.5"] == load(built, "temp_answers.json")["answers"]["1.5"]
+    # the grid (0.5 to 1.5 by 0.5) and the lab sheet's own temperatures (0.3 and 1.5), marked
+    assert [row["temperature"] for row in curve] == [0.3, 0.5, 1.0, 1.5]
+    assert [row["temperature"] for row in curve if row["lab_temperature"]] == SMALL_LAB["temp"]["temperatures"]
+    # same question, samples, seed and rule as step 5: at the lab's temperatures the counts must be the lab's
+    temp, answers = load(built, "temp.json"), load(built, "temp_curve_answers.json")["answers"]
+    for row in curve:
+        if row["lab_temperature"]:
+            key = str(row["temperature"])
+            assert row["distinct"] == temp[key]["distinct"]
+            assert answers[key] == load(built, "temp_answers.json")["answers"][key]
     for row in curve:
         assert row["samples"] == 6 and row["distinct"] == len(set(answers[str(row["temperature"])]))
         assert 0 < row["mean_entropy_nats"] <= math.log(row["vocab_size"]) + 1e-6
