@@ -140,6 +140,7 @@ rule temp_curve:
     params:
         **model_params(),
         question=config["lab"]["temp"]["question"],
+        lab_temperatures=config["lab"]["temp"]["temperatures"],
         samples=config["lab"]["temp"]["samples"],
         max_new_tokens=config["lab"]["temp"]["max_new_tokens"],
         seed=config["lab"]["temp"]["seed"],

@@ -1,4 +1,5 @@
-"""Temperature curve: distinct SFT answers and mean sampled entropy for a grid of temperatures."""
+"""Temperature curve: distinct SFT answers and mean sampled entropy for a grid of temperatures and the
+lab sheet's own."""
 from kvlab.measure.curves import grid, temp_curve
 from kvlab.io import write_csv_atomic, write_json_atomic
 from kvlab.checkpoints import load_model_input
@@ -10,8 +11,8 @@ def main(snakemake):
     model, device = load_model_input(snakemake, "sft")
     p = snakemake.params
     temperatures = grid(p.t_min, p.t_max, p.t_step)
-    rows, answers = temp_curve(model, tokenizer, p.question, temperatures, p.samples, p.max_new_tokens,
-                                      p.seed, device)
+    rows, answers = temp_curve(model, tokenizer, p.question, temperatures, p.lab_temperatures, p.samples,
+                               p.max_new_tokens, p.seed, device)
     write_json_atomic(snakemake.output.temp_curve_answers, {"question": p.question, "seed": p.seed, "answers": answers})
     write_csv_atomic(snakemake.output.temp_curve, rows)
 

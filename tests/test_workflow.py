@@ -112,9 +112,11 @@ def test_topp_alone_from_the_embedded_default(tmp_path):
     assert set(jobs) == {"corpus", "tokenizer", "pretrain", "inspect_checkpoint", "topp"}, jobs
 
 
-def test_changing_temperatures_reruns_only_temp_and_report(built, course):
+def test_changing_temperatures_reruns_only_temp_its_curve_and_report(built, course):
+    # the curve is measured at the sheet's temperatures too, and its figure marks them
     config = course_config(course, temp={"temperatures": [0.3, 1.0]})
-    assert dry_run_jobs(built, config=config) == {"temp": 1, "report": 1, "beyond": 1, "lab_report": 1, "lab_tables": 1,
+    assert dry_run_jobs(built, config=config) == {"temp": 1, "temp_curve": 1, "figure_temperature_effect": 1,
+                                                  "report": 1, "beyond": 1, "lab_report": 1, "lab_tables": 1,
                                                   "check": 1, "all": 1}
 
 

@@ -6,8 +6,9 @@ and the lab step it extends can never disagree about the rule they measure:
   * cost_sweep        steps 1-3 (fed tokens, same ids, median time) for several N;
   * step_latency      step 3's generation, timed one forward call at a time;
   * topp_curve        step 6's survivors for a grid of p;
-  * temp_curve        step 5's distinct answers for a grid of temperatures, with
-                      the entropy of the distribution each token was drawn from.
+  * temp_curve        step 5's distinct answers for a grid of temperatures and the
+                      sheet's own, with the entropy of the distribution each token
+                      was drawn from.
 """
 
 from __future__ import annotations
@@ -239,10 +240,13 @@ class SampledEntropy:
         return self.total_nats / self.tokens if self.tokens else float("nan")
 
 
-def temp_curve(model, tokenizer, question: str, temperatures, samples: int, max_new_tokens: int,
-                      seed: int, device) -> tuple[list[dict], dict]:
-    """Step 5 at every temperature (each reseeded, as the lab does): distinct answers of `samples`
-    and the mean per-token entropy of the sampled distribution. Returns (rows, answers by key)."""
+def temp_curve(model, tokenizer, question: str, temperatures, lab_temperatures, samples: int, max_new_tokens: int,
+               seed: int, device) -> tuple[list[dict], dict]:
+    """Step 5 at every temperature of `temperatures` and of the lab sheet's `lab_temperatures` (so the
+    curve passes through step 5's own points; `lab_temperature` says which), each reseeded as the lab
+    does: distinct answers of `samples` and the mean per-token entropy of the sampled distribution.
+    Returns (rows, answers by key)."""
+    temperatures = sorted(set(temperatures) | set(lab_temperatures))
     rows, answers = [], {}
     started = time.perf_counter()
     for index, temperature in enumerate(temperatures, start=1):
@@ -253,7 +257,7 @@ def temp_curve(model, tokenizer, question: str, temperatures, samples: int, max_
         key = str(temperature)
         rows.append({"temperature": temperature, "distinct": counts[key]["distinct"], "samples": samples,
                      "mean_entropy_nats": entropy.mean_nats, "sampled_tokens": entropy.tokens,
-                     "vocab_size": entropy.vocab_size})
+                     "vocab_size": entropy.vocab_size, "lab_temperature": temperature in lab_temperatures})
         answers[key] = side["answers"][key]
         log.info("[%d/%d] T=%s: %d distinct of %d, mean entropy %.3f nats over %d tokens; %.1f s so far",
                  index, len(temperatures), key, counts[key]["distinct"], samples, entropy.mean_nats,

@@ -31,6 +31,10 @@ from kvlab.facts.formulas import VLLM_PAPER, fits_budgets  # noqa: E402
 WITH_CACHE_COLOR = "tab:blue"
 WITHOUT_CACHE_COLOR = "tab:red"
 HANGUL_FONT = "NanumGothic"
+# gids of what a test looks for: the lines marking the lab sheet's own p values or temperatures, the
+# band of the vLLM paper's existing systems
+LAB_VALUE = "lab_value"
+PAPER_RANGE = "paper_range"
 FONT_PACKAGE = "koreanize-matplotlib"
 
 # Every label drawn, by key, in English; its Korean is in the catalog (kvlab.present.i18n). {names} are
@@ -52,6 +56,10 @@ LABELS = {
     "decode_steps": N_("{mode}: decode steps (TPOT {tpot:.2f} ms)"),
     "prefill_step": N_("{mode}: first step = prefill (TTFT {ttft:.2f} ms)"),
     "fit_line": N_("fit (all steps): {fixed:.2f} ms + {per_token:.2f} µs × fed tokens"),
+    "fit_prediction": N_("the fit's prediction for each step: {fixed:.2f} ms + {per_token:.2f} µs × the tokens it was fed"),
+    "fed_tokens_axis": N_("tokens fed to the step's forward"),
+    "steps_by_context": N_("Against the context the step attends over"),
+    "steps_by_fed": N_("Against the tokens fed, what the fit is a function of"),
     "context_length": N_("context length: prompt + tokens generated before the step"),
     "step_time": N_("forward time per step (ms)"),
     "steps_title": N_("Time of each generation step ({new_tokens} new tokens, median of {repeats} runs)"),
@@ -65,6 +73,7 @@ LABELS = {
     "distinct_of": N_("distinct answers of {samples}"),
     "all_different": N_("all {samples} different"),
     "temperature": N_("temperature"),
+    "lab_temperatures": N_("the lab sheet's temperatures"),
     "distinct_count": N_("distinct answers (count)"),
     "distinct_title": N_("Distinct answers among {samples} samples"),
     "mean_entropy": N_("mean entropy per sampled token"),
@@ -72,7 +81,7 @@ LABELS = {
     "entropy_nats": N_("entropy (nats)"),
     "entropy_title": N_("Entropy of the distribution each token was drawn from"),
     "temperature_title": N_("Sampling the SFT model's answer to the lab question at each temperature (same seed)"),
-    "token_ratio": N_("token ratio {ratio:.1f}× (the ceiling)"),
+    "token_ratio": N_("token ratio {ratio:.1f}×: the speedup if time were proportional to tokens fed"),
     "measured_speedup": N_("measured speedup (median times, bars: its interval)"),
     "predicted_speedup": N_("predicted by each model's fixed-cost fit"),
     "parameters_log": N_("parameters (log scale)"),
@@ -85,7 +94,7 @@ LABELS = {
     "step_share": N_("share of an average step's time (%)"),
     "average_step_title": N_("An average step with and without the cache (ms on top)"),
     "compare_title": N_("The same lab on several model sizes: speedup, and the fixed share of a step"),
-    "batch_size_log": N_("batch size B (rows, log scale)"),
+    "batch_size": N_("batch size B (rows)"),
     "decode_throughput": N_("decode throughput S_TG (tokens/s)"),
     "throughput_title": N_("Tokens per second (bars: interval over the runs)"),
     "mode_shared": N_("shared: one prompt ({pp} tokens) in every row"),
@@ -116,6 +125,8 @@ LABELS = {
     "step_static": N_("with cache (preallocated)"),
     "step_uncached": N_("without cache"),
     "profiled_ms": N_("step time by part (ms): fixed cost + computation (profiled, the shrunk copy's taken off)"),
+    "cached_ms": N_("ms, on an axis of their own: the cached steps' parts"),
+    "cached_axis": N_("the upper panel's whole axis (0–{end:.1f} ms)"),
     "unprofiled_step": N_("the step timed without the profiler (median, quartiles)"),
     "anatomy_label": N_("sum {sum:.2f} ms: fixed {fixed:.0f}%, {off:+.0f}% off the mark"),
     "anatomy_title": N_("The lab's last step ({context} tokens of context), opened"),
@@ -168,7 +179,7 @@ def drawing(language: str, labels: dict | None = None):
 
 def drawn_text(fig) -> tuple[str, list[str]]:
     """The figure's title (its suptitle, else its first axes' title) and every title, axis label
-    and legend entry drawn on it, in order."""
+    and legend entry drawn on it (the axes' legends, then the figure's), in order."""
     title = fig.get_suptitle()
     labels = []
     for ax in fig.axes:
@@ -176,17 +187,41 @@ def drawn_text(fig) -> tuple[str, list[str]]:
         legend = ax.get_legend()
         if legend is not None:
             labels += [entry.get_text() for entry in legend.get_texts()]
+    for legend in fig.legends:
+        labels += [entry.get_text() for entry in legend.get_texts()]
     labels = [label for label in labels if label]
     return title or (labels[0] if labels else ""), labels
 
 
-def save(fig, path) -> None:
-    """Lay out and save `fig` as a PNG whose Title and Description metadata hold its text."""
-    fig.tight_layout()
+def save(fig, path, rect=None) -> None:
+    """Lay out and save `fig` as a PNG whose Title and Description metadata hold its text. `rect`
+    (left, bottom, right, top, in figure fractions) keeps the axes inside it, leaving the rest to a
+    figure legend."""
+    fig.tight_layout(rect=rect)
     title, labels = drawn_text(fig)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, metadata={"Title": title, "Description": "\n".join(labels)})
     plt.close(fig)
+
+
+def one_two_five(low: float, high: float) -> list[float]:
+    """The ticks 1, 2, 5, 10, 20, 50, ... from the last one at or under `low` to the first at or over
+    `high`: a log axis labelled at every 1-2-5 step, so points between two powers of ten read off it."""
+    ticks = []
+    power = 10 ** int(np.floor(np.log10(low)))
+    while not ticks or ticks[-1] < high:
+        ticks += [power * mantissa for mantissa in (1, 2, 5)]
+        power *= 10
+    first = max(index for index, tick in enumerate(ticks) if tick <= low)
+    last = min(index for index, tick in enumerate(ticks) if tick >= high)
+    return ticks[first:last + 1]
+
+
+def plain_log_ticks(axis, ticks) -> None:
+    """Label a log axis at `ticks` with plain numbers (1,000, not 10³) and no minor labels."""
+    axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 def cost_curves(rows: list[dict], path, language: str = "en") -> None:
@@ -210,6 +245,11 @@ def cost_curves(rows: list[dict], path, language: str = "en") -> None:
         tokens_ax.set_xscale("log", base=2)
         tokens_ax.set_yscale("log")
         tokens_ax.set_xticks(n, [str(v) for v in n])
+        # labelled at 1-2-5 steps: the cached points (a few hundred tokens) lie between powers of ten
+        fed = [value for row in rows for value in (row["fed_with_cache"], row["fed_without_cache"])]
+        ticks = one_two_five(min(fed), max(fed))
+        plain_log_ticks(tokens_ax.yaxis, ticks)
+        tokens_ax.set_ylim(min(ticks[0] / 1.1, min(fed) / 1.3), max(fed) * 1.3)  # the tick under the lowest in view
         tokens_ax.set_xlabel(text("new_tokens_log"))
         tokens_ax.set_ylabel(text("fed_total_log"))
         tokens_ax.set_title(text("work_title", prompt_len=prompt_len))
@@ -228,28 +268,59 @@ def cost_curves(rows: list[dict], path, language: str = "en") -> None:
 
 
 def step_times(latency: dict, path, language: str = "en") -> None:
-    """Step time against the context the step attends over, both modes, with the fitted line."""
+    """Every step's time, both modes, the prefill marked. Left: against the context the step attends
+    over, with the fit's prediction for each step drawn at its own context (from the tokens that step
+    was fed). Right: against the tokens fed, what the fit is a function of, with the fit's line."""
+    fit = latency["fit"]
+
+    def predicted_ms(fed):
+        return (fit["fixed_s"] + fit["per_token_s"] * np.asarray(fed, dtype=float)) * 1000
+
     with drawing(language) as text:
-        fig, ax = plt.subplots(figsize=(11, 4.8))
+        fig, (context_ax, fed_ax) = plt.subplots(1, 2, figsize=(12, 5.4))
         for label, color, marker in (("without_cache", WITHOUT_CACHE_COLOR, "s"),
                                      ("with_cache", WITH_CACHE_COLOR, "o")):
             mode = latency[label]
             ms = np.array(mode["step_s"]) * 1000
-            ax.plot(mode["context_tokens"][1:], ms[1:], marker, ms=4, color=color,
-                    label=text("decode_steps", mode=text(label), tpot=mode["tpot_s"] * 1000))
-            ax.plot(mode["context_tokens"][:1], ms[:1], marker, ms=11, mfc="none", mew=2, color=color,
-                    label=text("prefill_step", mode=text(label), ttft=mode["ttft_s"] * 1000))
-        fit = latency["fit"]
-        context = np.array(latency["without_cache"]["context_tokens"])
-        ax.plot(context, (fit["fixed_s"] + fit["per_token_s"] * context) * 1000, "k--", lw=1,
-                label=text("fit_line", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6))
-        ax.set_xlabel(text("context_length"))
-        ax.set_ylabel(text("step_time"))
-        ax.set_ylim(bottom=0)
-        ax.set_title(text("steps_title", new_tokens=latency["new_tokens"], repeats=latency["repeats"]))
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        save(fig, path)
+            for ax, x in ((context_ax, mode["context_tokens"]), (fed_ax, mode["fed_tokens"])):
+                ax.plot(x[1:], ms[1:], marker, ms=4, color=color,
+                        label=text("decode_steps", mode=text(label), tpot=mode["tpot_s"] * 1000))
+                ax.plot(x[:1], ms[:1], marker, ms=11, mfc="none", mew=2, color=color,
+                        label=text("prefill_step", mode=text(label), ttft=mode["ttft_s"] * 1000))
+        # each step's prediction at its own context: one token fed with the cache, the context without
+        for index, label in enumerate(("without_cache", "with_cache")):
+            mode = latency[label]
+            context_ax.plot(mode["context_tokens"], predicted_ms(mode["fed_tokens"]), "_", ms=4, mew=1.2, color="black",
+                            label=text("fit_prediction", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6)
+                            if index == 0 else None)
+        fed = np.linspace(0, max(max(latency[label]["fed_tokens"]) for label in ("with_cache", "without_cache")), 2)
+        fed_ax.plot(fed, predicted_ms(fed), "k--", lw=1,
+                    label=text("fit_line", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6))
+        context_ax.set_xlabel(text("context_length"))
+        context_ax.set_title(text("steps_by_context"))
+        fed_ax.set_xlabel(text("fed_tokens_axis"))
+        fed_ax.set_title(text("steps_by_fed"))
+        top = max(context_ax.get_ylim()[1], fed_ax.get_ylim()[1])
+        for ax in (context_ax, fed_ax):
+            ax.set_ylabel(text("step_time"))
+            ax.set_ylim(0, top)
+            ax.grid(True, alpha=0.3)
+        handles, labels = context_ax.get_legend_handles_labels()
+        fit_handles, fit_labels = fed_ax.get_legend_handles_labels()
+        fig.legend(handles + fit_handles[-1:], labels + fit_labels[-1:], loc="lower center", ncol=3, fontsize=8,
+                   frameon=False)
+        fig.suptitle(text("steps_title", new_tokens=latency["new_tokens"], repeats=latency["repeats"]))
+        save(fig, path, rect=(0, 0.1, 1, 1))
+
+
+def mark_lab_values(ax, values, label: str) -> None:
+    """Dashed vertical lines at the lab sheet's `values` (the first one carrying `label` in the legend),
+    each named by a tick of its own on a top axis."""
+    for index, value in enumerate(values):
+        ax.axvline(value, color="grey", ls="--", lw=0.8, alpha=0.6, gid=LAB_VALUE, label=label if index == 0 else None)
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(values, [str(float(value)) for value in values], fontsize=8, color="dimgrey")  # as the lab's keys
+    top.tick_params(length=3, color="grey")
 
 
 def topp_survivors(rows: list[dict], path, language: str = "en") -> None:
@@ -266,9 +337,11 @@ def topp_survivors(rows: list[dict], path, language: str = "en") -> None:
         ax.plot(ps, [row["sharp"] for row in rows], "s-", color="tab:purple", ms=4,
                 label=text("after_sharp_prefix", prefix=rows[0]["sharp_prefix"]))
         ax.axhline(vocab_size, color="grey", ls=":", lw=1, label=text("whole_vocabulary", vocab_size=vocab_size))
-        for index, p in enumerate(marked_ps):
-            ax.axvline(p, color="grey", ls="--", lw=0.8, alpha=0.6, label=text("lab_ps") if index == 0 else None)
+        mark_lab_values(ax, marked_ps, text("lab_ps"))
         ax.set_yscale("log")
+        counts = [row[column] for row in rows for column in ("flat", "sharp")] + [vocab_size]
+        plain_log_ticks(ax.yaxis, one_two_five(min(counts), max(counts)))
+        ax.set_ylim(min(counts) / 1.4, max(counts) * 1.4)
         ax.set_xlabel(text("topp_threshold"))
         ax.set_ylabel(text("kept_log"))
         ax.set_title(text("topp_title"))
@@ -279,8 +352,10 @@ def topp_survivors(rows: list[dict], path, language: str = "en") -> None:
 
 def temperature_effect(rows: list[dict], path, language: str = "en") -> None:
     """Left: distinct answers against temperature, up to all of them. Right: the mean entropy
-    of the distributions the tokens were drawn from, up to that of a uniform pick."""
+    of the distributions the tokens were drawn from, up to that of a uniform pick. Both mark the lab
+    sheet's temperatures (the rows' `lab_temperature`)."""
     temperatures = [row["temperature"] for row in rows]
+    lab_temperatures = [row["temperature"] for row in rows if row["lab_temperature"]]
     samples = rows[0]["samples"]
     vocab_size = rows[0]["vocab_size"]
     uniform = float(np.log(vocab_size))
@@ -290,6 +365,7 @@ def temperature_effect(rows: list[dict], path, language: str = "en") -> None:
         distinct_ax.plot(temperatures, [row["distinct"] for row in rows], "o-", color="tab:orange",
                          label=text("distinct_of", samples=samples))
         distinct_ax.axhline(samples, color="grey", ls=":", lw=1, label=text("all_different", samples=samples))
+        mark_lab_values(distinct_ax, lab_temperatures, text("lab_temperatures"))
         distinct_ax.set_ylim(0, samples * 1.1)
         distinct_ax.set_xlabel(text("temperature"))
         distinct_ax.set_ylabel(text("distinct_count"))
@@ -301,6 +377,7 @@ def temperature_effect(rows: list[dict], path, language: str = "en") -> None:
                         label=text("mean_entropy"))
         entropy_ax.axhline(uniform, color="grey", ls=":", lw=1,
                            label=text("uniform_entropy", vocab_size=vocab_size, uniform=uniform))
+        mark_lab_values(entropy_ax, lab_temperatures, text("lab_temperatures"))
         entropy_ax.set_ylim(0, uniform * 1.1)
         entropy_ax.set_xlabel(text("temperature"))
         entropy_ax.set_ylabel(text("entropy_nats"))
@@ -312,7 +389,8 @@ def temperature_effect(rows: list[dict], path, language: str = "en") -> None:
 
 
 def compare(rows: list[dict], path, language: str = "en") -> None:
-    """Left: measured and predicted speedup against parameter count (log x), under the token ratio.
+    """Left: measured and predicted speedup against parameter count (log x), and the token ratio: the
+    speedup if time were proportional to the tokens fed (not a bound: time is not proportional).
     Right: an average step of each mode (one token fed with the cache, P + (N-1)/2 without) split into
     the fit's fixed and per-token parts, as shares of the step's time (total in ms on top)."""
     params = np.array([row["parameters"] for row in rows], dtype=float)
@@ -364,19 +442,20 @@ def compare(rows: list[dict], path, language: str = "en") -> None:
         for x, name in zip(positions, names):
             split_ax.annotate(name, (x, 0), xycoords=("data", "axes fraction"), textcoords="offset points",
                               xytext=(0, -24), ha="center", fontsize=8)
-        split_ax.set_ylim(0, 112)
+        split_ax.set_ylim(0, 125)  # room above the bars for their milliseconds and the legend
         split_ax.set_yticks([0, 25, 50, 75, 100])
         split_ax.set_ylabel(text("step_share"))
         split_ax.set_title(text("average_step_title"))
         split_ax.grid(True, axis="y", alpha=0.3)
-        split_ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+        split_ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False, borderaxespad=0.2)
         fig.suptitle(text("compare_title"))
         save(fig, path)
 
 
 def batch(rows: list[dict], path, language: str = "en") -> None:
     """Left: decode throughput against B, both modes, with each point's interval. Right: a decode
-    step's median time against B: flat while the step's fixed cost dominates, rising once rows do."""
+    step's median time against B: flat while the step's fixed cost dominates, rising once rows do.
+    Both axes linear, so that growing in proportion to B reads as a straight line."""
     styles = {"shared": ("tab:blue", "o"), "distinct": ("tab:orange", "s")}
     with drawing(language) as text:
         fig, (speed_ax, step_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
@@ -393,16 +472,23 @@ def batch(rows: list[dict], path, language: str = "en") -> None:
                               fmt=f"{marker}-", color=color, capsize=3, label=label)
             step_ax.plot(sizes, [row["ms_per_step"] for row in mode_rows], f"{marker}-", color=color, label=label)
             if mode == "shared":
-                # the ceiling: every row for the price of the smallest B's step
+                # every row for the price of the smallest B's step
                 speed_ax.plot(sizes, speed[0] * sizes / sizes[0], ":", color="grey", label=text("ideal_scaling"))
+        # B on a linear axis, as both quantities: a step costing fixed + per row × B is a straight line
         sizes = sorted({row["B"] for row in rows})
+        ticks = [sizes[0]]
+        for size in sizes[1:]:  # every B that has room for its label
+            if size - ticks[-1] >= 0.04 * (sizes[-1] - sizes[0]):
+                ticks.append(size)
         for ax in (speed_ax, step_ax):
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sizes, [str(size) for size in sizes])
-            ax.set_xlabel(text("batch_size_log"))
+            ax.set_xticks(ticks, [str(size) for size in ticks])
+            ax.set_xlim(0, sizes[-1] * 1.04)
+            ax.set_xlabel(text("batch_size"))
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8, loc="upper left")
+        # throughput levels off to the right, below its top; the step's time is low on the left
+        speed_ax.legend(fontsize=8, loc="lower right")
+        step_ax.legend(fontsize=8, loc="upper left")
         speed_ax.set_ylim(0, top * 1.15)  # the ideal line may run far above the measured points
         speed_ax.set_ylabel(text("decode_throughput"))
         speed_ax.set_title(text("throughput_title"))
@@ -430,15 +516,19 @@ def kv_waste(rows: list[dict], path, language: str = "en") -> None:
         for x, row in zip(positions, rows):
             ax.annotate(text("fits_label", fits=row[column], budget=budget), (x, 100),
                         textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
-        # the paper's token-state shares, apart on the right, hatched: theirs, not measured here
+        # the paper's token-state shares, apart on the right, hatched: theirs, not measured here. Existing
+        # systems are a range (20.4-38.2%), drawn as a band from its low end to its high end, not a bar.
         low, high = VLLM_PAPER["existing_token_share"]
+        vllm_share = VLLM_PAPER["vllm_token_share"]
         theirs = len(rows) + 0.5 + np.arange(2)
-        ax.bar(theirs[0], high * 100, 0.6, color="none", edgecolor="tab:green", hatch="//",
-               label=text("paper_existing", low=low * 100, high=high * 100))
-        ax.errorbar(theirs[0], (low + high) / 2 * 100, yerr=(high - low) / 2 * 100, fmt="none", color="black",
-                    capsize=5)
-        ax.bar(theirs[1], VLLM_PAPER["vllm_token_share"] * 100, 0.6, color="none", edgecolor="tab:green",
-               hatch="xx", label=text("paper_vllm", share=VLLM_PAPER["vllm_token_share"] * 100))
+        ax.bar(theirs[0], (high - low) * 100, 0.6, bottom=low * 100, color="none", edgecolor="tab:green", hatch="//",
+               gid=PAPER_RANGE, label=text("paper_existing", low=low * 100, high=high * 100))
+        ax.bar(theirs[1], vllm_share * 100, 0.6, color="none", edgecolor="tab:green",
+               hatch="xx", label=text("paper_vllm", share=vllm_share * 100))
+        # each end of the band and the vLLM bar carry their value: above the top, below the bottom
+        for x, share, above in ((theirs[0], high, True), (theirs[0], low, False), (theirs[1], vllm_share, True)):
+            ax.annotate(f"{share * 100:.1f}%", (x, share * 100), textcoords="offset points", xytext=(0, 3 if above else -3),
+                        ha="center", va="bottom" if above else "top", fontsize=8)
         ax.set_xticks([*positions, *theirs], [row["policy"] for row in rows] + [text("paper_existing_tick"),
                                                                                text("paper_vllm_tick")],
                       fontsize=8)
@@ -455,38 +545,60 @@ ANATOMY_COLORS = {"fixed": "lightgray", "matmul": "tab:blue", "attention": "tab:
 CURVE_STYLES = {"cat": (WITH_CACHE_COLOR, "o"), "static": ("tab:green", "s"), "compiled": ("tab:purple", "^")}
 
 
+def anatomy_bars(ax, anatomy: dict, names: list[str], text, labels: dict) -> float:
+    """The steps `names` of `anatomy` as stacked bars of milliseconds by part on `ax`, each with the
+    step timed without the profiler as a black mark and its quartiles, and its sum, fixed share and
+    how far it is off the mark beside it; the axis runs to 1.9 times the longest, leaving the words
+    room. Returns the axis' end (ms)."""
+    positions = np.arange(len(names))[::-1]
+    ends = np.zeros(len(names))
+    for part in anatomy["parts"]:
+        widths = np.array([anatomy[name]["ms"][part] for name in names])
+        ax.barh(positions, widths, 0.6, left=ends, color=ANATOMY_COLORS[part], label=text(f"part_{part}"))
+        ends += widths
+    measured = np.array([anatomy[name]["step_ms"] for name in names])
+    q1 = np.array([anatomy[name]["step"]["q1_s"] * 1e3 for name in names])
+    q3 = np.array([anatomy[name]["step"]["q3_s"] * 1e3 for name in names])
+    ax.errorbar(measured, positions + 0.4, xerr=[measured - q1, q3 - measured], fmt="v", color="black", capsize=3, ms=6,
+                label=text("unprofiled_step"))
+    for y, end, top, name in zip(positions, ends, q3, names):
+        step = anatomy[name]
+        ax.annotate(text("anatomy_label", sum=end, fixed=100 * step["shares"]["fixed"], off=100 * step["sum_of_parts_off"]),
+                    (max(end, top), y), textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
+    ax.set_yticks(positions, [text(labels[name]) for name in names], fontsize=8)
+    ax.set_ylim(-0.5, len(names) - 0.5 + 0.25)
+    right = max(ends.max(), q3.max()) * 1.9
+    ax.set_xlim(0, right)
+    return right
+
+
 def step_anatomy(data: dict, path, language: str = "en") -> None:
     """Left: the lab's last step, three ways, as stacked bars of milliseconds by part (fixed cost, then
     the computation by what it does), each with the step timed without the profiler as a black mark
-    and its quartiles: where the bar ends by the mark, the parts add up. Right: one decode step
-    against its context length, with each cache (and compiled, when it ran)."""
+    and its quartiles: where the bar ends by the mark, the parts add up. The cached steps have an axis
+    of their own, above the uncached step's (several times longer), so that their parts can be read;
+    the uncached panel shades the cached panel's whole axis. Right: one decode step against its context
+    length, with each cache (and compiled, when it ran)."""
     anatomy, curve = data["anatomy"], data["curve"]
     labels = {"with_cache_cat": "step_cat", "with_cache_static": "step_static", "without_cache": "step_uncached"}
-    names = anatomy["steps"]
+    cached = [name for name in anatomy["steps"] if name != "without_cache"]
     with drawing(language) as text:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [1.2, 1]})
-        positions = np.arange(len(names))[::-1]
-        ends = np.zeros(len(names))
-        for part in anatomy["parts"]:
-            widths = np.array([anatomy[name]["ms"][part] for name in names])
-            left.barh(positions, widths, 0.6, left=ends, color=ANATOMY_COLORS[part], label=text(f"part_{part}"))
-            ends += widths
-        measured = np.array([anatomy[name]["step_ms"] for name in names])
-        spread = [measured - [anatomy[name]["step"]["q1_s"] * 1e3 for name in names],
-                  [anatomy[name]["step"]["q3_s"] * 1e3 for name in names] - measured]
-        left.errorbar(measured, positions + 0.4, xerr=spread, fmt="v", color="black", capsize=3, ms=6,
-                      label=text("unprofiled_step"))
-        for y, end, name in zip(positions, ends, names):
-            step = anatomy[name]
-            left.annotate(text("anatomy_label", sum=end, fixed=100 * step["shares"]["fixed"],
-                               off=100 * step["sum_of_parts_off"]),
-                          (max(end, step["step"]["q3_s"] * 1e3), y), textcoords="offset points", xytext=(4, 0),
-                          va="center", fontsize=8)
-        left.set_yticks(positions, [text(labels[name]) for name in names], fontsize=8)
-        left.set_xlim(0, max(ends.max(), measured.max()) * 1.9)
-        left.set_xlabel(text("profiled_ms"), fontsize=8)
-        left.set_title(text("anatomy_title", context=anatomy["context_tokens"]))
-        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+        fig = plt.figure(figsize=(14, 7))
+        grid = fig.add_gridspec(2, 2, width_ratios=[1.2, 1], height_ratios=[len(cached), 1])
+        cached_ax, uncached_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0])
+        right = fig.add_subplot(grid[:, 1])
+        cached_end = anatomy_bars(cached_ax, anatomy, cached, text, labels)
+        cached_ax.set_title(text("anatomy_title", context=anatomy["context_tokens"]))
+        cached_ax.set_xlabel(text("cached_ms"), fontsize=8)
+        anatomy_bars(uncached_ax, anatomy, ["without_cache"], text, labels)
+        uncached_ax.axvspan(0, cached_end, color="gold", alpha=0.18, zorder=0, label=text("cached_axis", end=cached_end))
+        uncached_ax.set_xlabel(text("profiled_ms"), fontsize=8)
+        # one legend for both panels, under them: the parts, the mark, the shaded span
+        handles, names = cached_ax.get_legend_handles_labels()
+        extra_handles, extra_names = uncached_ax.get_legend_handles_labels()
+        span = [(handle, name) for handle, name in zip(extra_handles, extra_names) if name not in names]
+        uncached_ax.legend(handles + [handle for handle, _ in span], names + [name for _, name in span], fontsize=7,
+                           loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3)
         for kind in curve["kinds"]:
             color, marker = CURVE_STYLES[kind]
             row = curve[kind]
@@ -496,7 +608,9 @@ def step_anatomy(data: dict, path, language: str = "en") -> None:
                            label=text(f"cache_{kind}", mode=row.get("mode")))
         right.set_xlabel(text("cache_context"))
         right.set_ylabel(text("decode_step_ms"))
+        right.set_ylim(bottom=0)  # from zero: the step's fixed part is most of it
         right.set_title(text("curve_title"))
-        right.legend(fontsize=8)
+        right.grid(True, alpha=0.3)
+        right.legend(fontsize=8, loc="upper left")
         fig.suptitle(text("step_anatomy_title"))
         save(fig, path)
