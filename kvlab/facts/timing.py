@@ -36,14 +36,14 @@ import numpy as np
 
 try:
     import resource
-except ImportError:  # not on Windows: no context switches to count there
+except ImportError:  # Windows has no getrusage: no context switches to count there
     resource = None
 
 # A timing is unstable when IQR / median reaches this.
 UNSTABLE_IQR_SHARE = 0.10
 # A run is contended when its timing thread was on a CPU for less than this share of its wall time
-# (measured in docs/results.md, "Reading a timing's spread": about 0.99 alone on a core, about 0.5
-# beside one busy neighbour on it).
+# (measured in docs/results.md, "Reading a timing's spread": 1.00 in runs nothing took from, half
+# or less beside one busy neighbour on the core).
 CONTENDED_CPU_SHARE = 0.90
 # A timing is contended when this share of its runs or more were contended.
 CONTENDED_RUNS_SHARE = 0.25
@@ -105,6 +105,7 @@ def contention(usage: dict | None, judged: bool = True) -> dict:
                 "process_cpu_share": None, "switches_per_s": None, "load_1m": None}
     wall = np.asarray(usage["wall_s"], dtype=float)
     thread_cpu = np.asarray(usage["thread_cpu_s"], dtype=float)
+    per_wall = np.where(wall > 0, wall, 1.0)  # a run too short for the clock took nothing from anyone
     flags = [run_contended(w, c) for w, c in zip(wall, thread_cpu)]
     share = sum(flags) / len(flags)
     loads = [load for load in usage["load_1m"] if not math.isnan(load)]
@@ -113,8 +114,9 @@ def contention(usage: dict | None, judged: bool = True) -> dict:
         "contended": bool(judged and share >= CONTENDED_RUNS_SHARE),
         "contention": "judged" if judged else "not judged",
         "contended_runs": share,
-        "cpu_share": float(np.median(thread_cpu / wall)),
-        "process_cpu_share": float(np.median(np.asarray(usage["cpu_s"], dtype=float) / wall)),
+        "cpu_share": float(np.median(np.where(wall > 0, thread_cpu / per_wall, 1.0))),
+        "process_cpu_share": float(np.median(np.where(wall > 0, np.asarray(usage["cpu_s"], dtype=float) / per_wall,
+                                                      1.0))),
         "switches_per_s": float(sum(usage["switches"])) / total if total > 0 else 0.0,
         "load_1m": max(loads) if loads else None,
     }
