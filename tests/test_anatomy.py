@@ -116,6 +116,8 @@ def test_fixed_cost_and_computation_add_up_to_each_step(model):
     for name in anatomy.STEPS:
         step = result[name]
         assert step["step"]["n"] == step["fixed"]["n"] == 4 and len(step["compute_pairs_ms"]) == 6
+        assert len(step["step_usage"]["wall_s"]) == len(step["fixed_usage"]["wall_s"]) == 4  # each call's clocks
+        assert step["step"]["contention"] == step["fixed"]["contention"] == "judged"
         paired = [a - b for a, b in zip(step["step_samples_s"], step["fixed_samples_s"])]  # each call, the copy's next
         assert step["width_ms"] == pytest.approx(1e3 * (sorted(paired)[1] + sorted(paired)[2]) / 2)
         assert step["ms"]["fixed"] == pytest.approx(step["step_ms"] - step["width_ms"])
@@ -147,9 +149,12 @@ def test_the_cache_curve_times_a_step_at_each_context_and_checks_the_tokens(mode
                                          "all": True}
     for kv in ("cat", "static"):
         assert len(curve[kv]["step_ms"]) == 3 and all(row["n"] >= 3 for row in curve[kv]["steps"])
+        assert [len(clocks["wall_s"]) for clocks in curve[kv]["usage"]] == [row["n"] for row in curve[kv]["steps"]]
+        assert all(row["contention"] == "judged" for row in curve[kv]["steps"])
         assert all(q1 <= m <= q3 for q1, m, q3 in zip(curve[kv]["q1_ms"], curve[kv]["step_ms"], curve[kv]["q3_ms"]))
     ratio = curve["cat_over_static"]
     assert ratio["low"] <= ratio["ratio"] <= ratio["high"]
+    assert ratio["contended"] == (curve["cat"]["steps"][-1]["contended"] or curve["static"]["steps"][-1]["contended"])
     assert curve["static_reserved_bytes"] == 100 * model.config.kv_bytes_per_token("float32")
     assert "compiled" not in curve  # compiling is off unless asked for
     with pytest.raises(ValueError, match=r"extras.step_anatomy.contexts: 5000 tokens, more than the model's "

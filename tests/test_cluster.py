@@ -145,8 +145,8 @@ def test_targets_run_through_sbatch_and_match_a_local_run(tmp_path, course):
 def untimed(cost: dict) -> dict:
     """A compare row without what the clock measured."""
     return {key: value for key, value in cost.items()
-            if not (key.endswith(("_s", "_n", "_iqr_share")) or "speedup" in key
-                    or key in ("fit_r2", "fit_runs", "unstable"))}
+            if not (key.endswith(("_s", "_n", "_iqr_share", "_cpu_share")) or "speedup" in key
+                    or key in ("fit_r2", "fit_runs", "unstable", "contended", "generate_usage"))}
 
 
 def slurm_job(rule: str, known: set[str], state: str = "RUNNING", timeout: float = 120) -> str:

@@ -68,6 +68,8 @@ def test_each_cost_file_holds_the_timing_runs_and_the_fit(compared):
     assert (cost["warmup"], cost["repeats"]) == (0, 1)
     assert cost["ttft_with_cache_s"] > 0 and cost["tpot_without_cache_s"] > 0 and cost["predicted_speedup"] > 0
     assert set(cost) >= {"fit_fixed_s", "fit_per_token_s", "fit_r2", "kv_bytes_per_token_formula"}
+    assert set(cost) >= {"contended", "contention", "with_cache_cpu_share", "without_cache_cpu_share"}
+    assert len(cost["generate_usage"]["with_cache"]["wall_s"]) == cost["with_cache_n"]
 
 
 def test_the_figure_is_a_png(compared):

@@ -60,6 +60,12 @@ def test_sweep_measured_tokens_equal_the_formulas_at_every_n(built):
         assert row["fed_without_cache"] == row["formula_without_cache"] == prompt_len * n + n * (n - 1) // 2
         assert row["same_ids"] and row["timed_runs"] == 1
         assert row["speedup"] == pytest.approx(row["without_cache_s"] / row["with_cache_s"])
+        assert row["contention"] == "judged" and 0 < row["with_cache_cpu_share"] <= 1.05  # beside `unstable`
+    runs = load(built, "sweep_runs.json")["by_new_tokens"]
+    for row in sweep.to_dict("records"):
+        timed = runs[str(row["new_tokens"])]
+        assert bool(row["contended"]) == any(timed["summary"][mode]["contended"] for mode in timed["summary"])
+        assert all(len(timed["usage"][mode]["wall_s"]) == timed["summary"][mode]["n"] for mode in timed["summary"])
 
 
 def test_latency_steps_fit_and_prediction(built):
@@ -84,6 +90,9 @@ def test_latency_steps_fit_and_prediction(built):
     predicted = latency["predicted"]
     assert predicted["with_cache_s"] == pytest.approx(n * fixed + per_token * fed_formulas(p, n)["with_cache"])
     assert predicted["speedup"] == pytest.approx(predicted["without_cache_s"] / predicted["with_cache_s"])
+    for mode in (with_cache, without_cache):  # each generation's clocks, and the contention they show
+        assert len(mode["usage"]["wall_s"]) == mode["generate"]["n"] and mode["generate"]["contention"] == "judged"
+    assert latency["measured"]["contended"] == (with_cache["generate"]["contended"] or without_cache["generate"]["contended"])
     assert n == load(built, "time_runs.json")["new_tokens"] and timing["speedup"] > 0  # step 3's generation
 
 

@@ -109,6 +109,9 @@ def test_batch_runs_keep_every_sample(bench):
     assert rows[-1]["T_TG s"] == pytest.approx(sorted(detail["decode_s"])[0] / 2 + sorted(detail["decode_s"])[1] / 2)
     assert detail["rows_differing"] == []
     assert {"device", "processor", "torch_threads"} <= set(runs)
+    # each run's clocks, and the contention they show, judged on the CPU
+    assert len(detail["usage"]["thread_cpu_s"]) == 2 and detail["decode"]["contention"] == "judged"
+    assert rows[-1]["contended"] == detail["decode"]["contended"] and rows[-1]["cpu_share"] == detail["decode"]["cpu_share"]
 
 
 def test_a_batch_whose_cache_exceeds_the_limit_stops_before_any_work():

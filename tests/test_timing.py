@@ -4,6 +4,7 @@ data made to hit each case (ties, overlaps, proportions, number formats) in both
 timed job sharing its core with other work, which the results, the report and `check` must flag."""
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from kvlab.grade import check
 from kvlab.facts import timing
+from kvlab.facts.disturbed import contended_speedups, contended_timings
 
 from helpers import ROOT, course_config, snakemake
 
@@ -61,6 +63,226 @@ def test_repeats_adapt_to_a_steady_or_a_noisy_machine():
     assert len(timing.repeat(run, 3, max_seconds=0, clock=clock)) == 3  # 0: never past the repeats
 
 
+# --- a machine that takes from the timed process: the contention rule --------------------------------
+
+
+def usage_of(shares, wall=0.1, switches=0, load=1.0):
+    """Per-run clocks (kvlab.facts.timing.USAGE_KEYS) of runs whose timing thread had these shares of
+    their wall time on a CPU."""
+    return {"wall_s": [wall] * len(shares), "thread_cpu_s": [share * wall for share in shares],
+            "cpu_s": [share * wall for share in shares], "switches": [switches] * len(shares),
+            "load_1m": [load] * len(shares)}
+
+
+def test_the_contention_rule_on_made_up_clocks():
+    """A run is contended below 90% of its wall time on a CPU; a timing when a quarter of its runs or
+    more are. On a GPU the share is not judged; without clocks nothing is measured. Every existing key
+    keeps its meaning."""
+    assert timing.run_contended(1.0, 0.89) and not timing.run_contended(1.0, 0.90)  # 90% is not contended
+    quiet = timing.summary([1.0] * 8, usage_of([0.99] * 8, switches=1, load=0.5))
+    assert not quiet["contended"] and quiet["contention"] == "judged" and quiet["contended_runs"] == 0
+    assert quiet["cpu_share"] == pytest.approx(0.99) and quiet["switches_per_s"] == pytest.approx(10.0)
+    assert quiet["load_1m"] == 0.5 and quiet["median_s"] == 1.0 and not quiet["unstable"]
+    # the issue's case: a neighbour on the core slows every run alike, the spread stays small
+    calm_and_wrong = timing.summary([1.5, 1.51, 1.49, 1.5], usage_of([0.66, 0.67, 0.65, 0.66], switches=40))
+    assert calm_and_wrong["contended"] and not calm_and_wrong["unstable"]
+    assert calm_and_wrong["contended_runs"] == 1 and calm_and_wrong["cpu_share"] == pytest.approx(0.66)
+    assert timing.summary([1.0] * 8, usage_of([0.5] * 2 + [0.99] * 6))["contended"]  # a quarter: contended
+    assert not timing.summary([1.0] * 8, usage_of([0.5] + [0.99] * 7))["contended"]  # one in eight: not yet
+    on_gpu = timing.summary([1.0] * 4, usage_of([0.3] * 4), judged=False)
+    assert on_gpu["contention"] == "not judged" and not on_gpu["contended"] and on_gpu["cpu_share"] == pytest.approx(0.3)
+    assert timing.judged_on("cpu") and not timing.judged_on("cuda:0") and not timing.judged_on("cuda")
+    unmeasured = timing.summary([1.0, 1.1])
+    assert unmeasured["contention"] == "not measured" and unmeasured["contended"] is False
+    assert unmeasured["cpu_share"] is None and unmeasured["n"] == 2
+    # with several threads the process's share passes 1; the rule reads the timing thread's
+    threads = usage_of([0.95] * 4)
+    threads["cpu_s"] = [0.19] * 4
+    busy = timing.summary([0.1] * 4, threads)
+    assert busy["process_cpu_share"] == pytest.approx(1.9) and not busy["contended"]
+    # a speedup from a contended timing is contended; the table's columns say so beside `unstable`
+    ratio = timing.ratio_interval(calm_and_wrong, quiet)
+    assert ratio["contended"] and ratio["ratio"] == pytest.approx(1.5)
+    assert not timing.ratio_interval(quiet, quiet)["contended"]
+    assert not timing.ratio_interval({"median_s": 2, "q1_s": 2, "q3_s": 2}, quiet)["contended"]  # an old summary
+    columns = timing.spread_columns({"with_cache": quiet, "without_cache": calm_and_wrong}, ratio)
+    assert columns["contended"] and not columns["unstable"] and columns["contention"] == "judged"
+    assert columns["without_cache_cpu_share"] == pytest.approx(0.66) and columns["with_cache_cpu_share"] == pytest.approx(0.99)
+
+
+def test_repeat_reads_each_runs_clocks():
+    """With a `usage`, every run records what the clocks read around it; without one `repeat` returns
+    its seconds as it always did."""
+    now = {"wall": 0.0, "cpu": 0.0, "switches": 0}
+
+    def run():  # 1 s of wall time, half of it on a CPU, 3 involuntary switches
+        now["wall"] += 1.0
+        now["cpu"] += 0.5
+        now["switches"] += 3
+
+    def read():
+        return timing.Reading(now["wall"], now["cpu"], 2 * now["cpu"], now["switches"], 2.5)
+
+    usage = timing.empty_usage()
+    samples = timing.repeat(run, 4, max_seconds=0, clock=lambda: now["wall"], usage=usage, read=read)
+    assert samples == [1.0] * 4 and set(usage) == set(timing.USAGE_KEYS)
+    assert usage == {"wall_s": [1.0] * 4, "thread_cpu_s": [0.5] * 4, "cpu_s": [1.0] * 4, "switches": [3] * 4,
+                     "load_1m": [2.5] * 4}
+    stats = timing.summary(samples, usage)
+    assert stats["contended"] and stats["switches_per_s"] == 3.0 and stats["process_cpu_share"] == 1.0
+    assert timing.repeat(run, 2, 0, clock=lambda: now["wall"]) == [1.0, 1.0]  # the old call, unchanged
+    reading = timing.read_usage()
+    assert reading.wall > 0 and reading.thread_cpu >= 0 and reading.switches >= 0
+
+
+def busy_loop():
+    """About 50 ms of pure Python on this machine."""
+    total = 0
+    for i in range(400_000):
+        total += i
+    return total
+
+
+def runqueue_wait_s() -> float | None:
+    """Seconds this thread has waited on a run queue (the kernel's schedstat), None where unknown."""
+    try:
+        return int(open("/proc/thread-self/schedstat").read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def timed(work, runs=5):
+    usage = timing.empty_usage()
+    waited = runqueue_wait_s()
+    samples = timing.repeat(work, runs, 0, usage=usage)
+    waited = None if waited is None else runqueue_wait_s() - waited
+    return timing.summary(samples, usage), waited
+
+
+@pytest.fixture
+def one_core():
+    """This process pinned to one of its CPUs, and the CPUs it had (given back after the test)."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("os.sched_setaffinity is not available here: a burner cannot be put on the test's core")
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        yield min(allowed), allowed
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def burner_on(core: int) -> subprocess.Popen:
+    """`while True: pass` pinned to `core`, already spinning."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                              preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    time.sleep(0.3)
+    return burner
+
+
+def test_a_burner_on_the_timed_core_is_flagged_contended_and_the_same_work_alone_is_not(one_core):
+    """Real clocks: a busy loop timed beside a burner pinned to its core gets about half of it and is
+    flagged contended; the same loop on the machine alone is not, unless the kernel's run queue says
+    that other work did take from it (this machine may be shared: the rule is then right to flag)."""
+    core, allowed = one_core
+    burner = burner_on(core)
+    try:
+        shared, _ = timed(busy_loop)
+    finally:
+        burner.kill()
+        burner.wait()
+    assert shared["contended"] and shared["cpu_share"] < 0.75 and shared["contended_runs"] == 1, shared
+    os.sched_setaffinity(0, allowed)  # alone: on whichever of its CPUs is free
+    for _ in range(3):
+        alone, waited = timed(busy_loop)
+        if not alone["contended"]:
+            break
+    if alone["contended"]:
+        total = alone["n"] * alone["median_s"]
+        print(f"alone, still contended: CPU share {alone['cpu_share']:.2f}, runqueue wait {waited} s of {total:.2f} s, "
+              f"load {alone['load_1m']}")
+        assert waited is not None and waited > 0.05 * total, (alone, waited)  # the kernel agrees: it waited
+    else:
+        assert alone["cpu_share"] > shared["cpu_share"] + 0.2, (alone, shared)
+
+
+def test_step_3_timed_beside_a_burner_is_contended_in_its_runs(one_core):
+    """Step 3's own function (what rule `timing` calls), on a small random MiniMind beside a burner on its
+    core: time_runs.json's per-run clocks, both modes flagged contended, the speedup too, and time.json
+    keeps the sheet's three keys."""
+    import torch
+
+    from kvlab.measure import steps
+    from helpers import random_model
+
+    torch.set_num_threads(1)
+    model = random_model(0)
+    burner = burner_on(one_core[0])
+    try:
+        result, runs = steps.time_generation(model, list(range(3, 40)), 8, 1, 3, 0.0, "cpu")
+    finally:
+        burner.kill()
+        burner.wait()
+    assert set(result) == {"with_cache_s", "without_cache_s", "speedup"}
+    for mode, stats in runs["summary"].items():
+        assert stats["contended"] and stats["contention"] == "judged" and stats["cpu_share"] < 0.75, stats
+        assert len(runs["usage"][mode]["wall_s"]) == len(runs["runs_s"][mode]) == stats["n"]
+        assert set(runs["usage"][mode]) == set(timing.USAGE_KEYS)
+    assert runs["speedup"]["contended"]
+    found = contended_timings({"time_runs": runs})
+    assert [(item["what"], item["mode"]) for item in found] == [("step3", "with_cache"), ("step3", "without_cache")]
+    assert all(item["cpu_share"] < 0.75 and item["contended_runs"] >= timing.CONTENDED_RUNS_SHARE for item in found)
+    assert contended_speedups({"time_runs": runs}) == [{"what": "step3", **{k: runs["speedup"][k] for k in
+                                                                           ("ratio", "low", "high")}}]
+
+
+def test_the_reports_list_of_contended_timings_reads_every_result():
+    """contended_timings (kvlab.facts.disturbed) on results made to hit each kind, as load_results
+    gives them; quiet and unmeasured timings (older results) list nothing."""
+    hot = timing.summary([1.0] * 4, usage_of([0.5] * 4, switches=20, load=3.0))
+    calm = timing.summary([1.0] * 4, usage_of([0.99] * 4))
+    old = {key: value for key, value in calm.items() if key in ("n", "median_s", "q1_s", "q3_s", "iqr_share", "unstable")}
+    speedup = timing.ratio_interval(hot, calm)
+    results = {
+        "time_runs": {"summary": {"with_cache": calm, "without_cache": hot}, "speedup": speedup},
+        "sweep": [{"new_tokens": 8, "speedup": 2.0, "speedup_low": 1.8, "speedup_high": 2.2,
+                   **timing.spread_columns({"with_cache": calm, "without_cache": calm}, timing.ratio_interval(calm, calm))},
+                  {"new_tokens": 16, "speedup": 3.0, "speedup_low": 2.5, "speedup_high": 3.5,
+                   **timing.spread_columns({"with_cache": hot, "without_cache": calm}, speedup)}],
+        "latency": {"with_cache": {"generate": hot}, "without_cache": {"generate": old},
+                    "measured": timing.ratio_interval(old, hot)},
+        "compare": [{"name": "lab", "speedup": 3.0, "speedup_low": 2.5, "speedup_high": 3.5, "unstable": False,
+                     "with_cache_iqr_share": 0.0, "without_cache_iqr_share": 0.0}],  # written before the rule
+        "batch": [{"mode": "shared", "B": 4, "contended": True, "cpu_share": 0.5},
+                  {"mode": "distinct", "B": 4, "contended": False, "cpu_share": 0.99}],
+        "step_anatomy": {"anatomy": {"steps": ["with_cache_cat", "without_cache"], "with_cache_cat": {"step": hot},
+                                     "without_cache": {"step": calm}},
+                         "curve": {"kinds": ["cat", "static"], "contexts": [16, 64], "cat": {"steps": [calm, hot]},
+                                   "static": {"steps": [old, calm]}, "cat_over_static": timing.ratio_interval(hot, calm)}},
+    }
+    found = contended_timings(results)
+    assert [(item["what"], item.get("mode"), item.get("n"), item.get("name")) for item in found] == [
+        ("step3", "without_cache", None, None), ("sweep", None, 16, None), ("latency", "with_cache", None, None),
+        ("batch", "shared", 4, None), ("anatomy", "with_cache_cat", None, None), ("anatomy", "cat @ 64", None, None)]
+    assert found[0] == {"what": "step3", "mode": "without_cache", "cpu_share": 0.5, "contended_runs": 1.0,
+                        "switches_per_s": 200.0, "load_1m": 3.0}
+    assert found[1]["cpu_share"] == pytest.approx(0.5) and found[3]["cpu_share"] == 0.5
+    assert [(item["what"], item.get("n"), item.get("name")) for item in contended_speedups(results)] == [
+        ("step3", None, None), ("sweep", 16, None), ("latency", None, None), ("anatomy", None, "cat_over_static")]
+    assert contended_timings({"time_runs": {"summary": {"with_cache": old, "without_cache": old}}}) == []
+
+
+def test_check_warns_about_a_contended_step_3(tmp_path):
+    """check's warnings: a contended step 3 gets its line (with its CPU share), an unstable one its own."""
+    hot = timing.summary([1.5, 1.51, 1.49], usage_of([0.48] * 3))
+    calm = timing.summary([1.0] * 3, usage_of([0.99] * 3))
+    (tmp_path / "time_runs.json").write_text(json.dumps({"summary": {"with_cache": calm, "without_cache": hot}}))
+    warnings = check.timing_warnings(check.Folder(tmp_path, check.DEFAULT_MAX_BYTES))
+    assert len(warnings) == 1 and warnings[0].startswith("step 3's timing is contended")
+    assert "without cache (a median 48% of the wall time on a CPU; 100% of the runs under 90%)" in warnings[0]
+    assert "with cache (" not in warnings[0]
+
+
 # --- a timed job that shares its core ----------------------------------------------------------------
 
 # Bursts of work and rest about as long as a timed run (0.1 to 0.3 s here): some runs share the core
@@ -104,7 +326,7 @@ def contended(tmp_path_factory, course_build, course):
     return workdir / "results", quiet
 
 
-def test_a_shared_core_is_flagged_unstable_in_the_results_the_report_and_check(contended):
+def test_a_shared_core_is_flagged_unstable_and_contended_in_the_results_the_report_and_check(contended):
     results, quiet = contended
     runs = json.loads((results / "time_runs.json").read_text())
     unstable = [mode for mode, stats in runs["summary"].items() if stats["unstable"]]
@@ -116,11 +338,25 @@ def test_a_shared_core_is_flagged_unstable_in_the_results_the_report_and_check(c
     assert set(runs) >= {"runs_s", "summary", "speedup", "warmup", "repeats", "max_seconds", "device", "processor",
                          "torch_threads"}
     assert runs["torch_threads"] == 1 and all(len(runs["runs_s"][m]) == runs["summary"][m]["n"] for m in unstable)
+    # the runs the bursts took from are flagged contended too, and the speedup read from them
+    contended = [mode for mode, stats in runs["summary"].items() if stats["contended"]]
+    assert contended and runs["speedup"]["contended"], {m: runs["summary"][m] for m in runs["summary"]}
+    assert all(len(runs["usage"][m]["thread_cpu_s"]) == runs["summary"][m]["n"] for m in runs["summary"])
     report = (results / "report.md").read_text(encoding="utf-8")
     head = report.split("## KV 캐시")[0]
     assert "조심해서 읽을 측정" in head and "3단계" in head
     verdicts = json.loads((results / "check.json").read_text())
     assert any("step 3's timing is unstable" in warning for warning in verdicts["warnings"])
+    assert any("step 3's timing is contended" in warning for warning in verdicts["warnings"])
+    # what the report lists at its top (kvlab.facts.disturbed, from the files the report reads)
+    from kvlab.present.report import load_results
+    loaded, _ = load_results({"time_runs": results / "time_runs.json"})
+    assert {item["mode"] for item in contended_timings(loaded)} == set(contended)
+    assert contended_speedups(loaded)[0]["what"] == "step3"
+    # and the report says so at its top, and that the speedup is not the machine's
+    assert "기계가 빼앗은 측정" in head and "3단계 캐시" in head.split("기계가 빼앗은 측정")[1]
+    kv_section = report.split("## KV 캐시")[1].split("## 온도")[0]
+    assert "재는 동안 프로세스가 CPU를 기다렸습니다" in kv_section and "이 기계의 값이 아닙니다" in kv_section
     table = (results / "logs" / "check.log").read_text(encoding="utf-8")
     assert table.index("WARNING: step 3's timing is unstable") < table.index("verdict")  # it opens the table
     time_json = json.loads((results / "time.json").read_text())

@@ -26,11 +26,12 @@ COMPARED = (".json", ".jsonl", ".csv", ".tsv", ".md", ".pth")
 # Value paths that hold a wall-clock time, or what follows from one: a key of these names, suffixes or
 # prefixes, or anything under a key that holds timing samples and their statistics.
 TIME_KEYS = {"n", "seconds", "tokens_per_s", "unstable", "runs", "speedup", "ratio", "low", "high", "warnings",
-             "ms_per_step", "iqr_share", "r2", "S t/s", "T s"}
+             "ms_per_step", "iqr_share", "r2", "S t/s", "T s", "contended", "contended_runs", "load_1m"}
 TIME_SUFFIXES = ("_s", "_ms", "_share", "_low", "_high", "_n", "_gain", "t/s", "_unstable")
 TIME_PREFIXES = ("S_", "T_", "speedup", "fit", "fixed_share", "predicted", "measured")
 TIMING_PARTS = {"runs_s", "summary", "by_mode_and_size", "fit_runs", "generate_samples_s", "anatomy", "curve",
-                "predicted", "measured", "fit", "timings", "step", "per_token"}
+                "predicted", "measured", "fit", "timings", "step", "per_token", "usage", "generate_usage", "step_usage",
+                "fixed_usage"}
 
 
 def flatten(value, path=()):

@@ -54,7 +54,7 @@ def compare_rows(costs: dict[str, dict], kinds: dict[str, str]) -> list[dict]:
     rows = []
     for name, cost in costs.items():
         row = {"name": name, "weights": kinds[name],
-               **{key: value for key, value in cost.items() if key not in ("generate_samples_s", "fit_runs")}}
+               **{key: value for key, value in cost.items() if key not in ("generate_samples_s", "generate_usage", "fit_runs")}}
         row["fixed_share_with_cache"] = fixed_share(row, use_cache=True)
         row["fixed_share_without_cache"] = fixed_share(row, use_cache=False)
         shares = [fixed_share(row, False, fit) for fit in cost.get("fit_runs", [])] or [row["fixed_share_without_cache"]]

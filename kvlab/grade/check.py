@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kvlab.facts.formulas import fed_formulas
 from kvlab.facts.sheet import HANDED_IN, KV_HEADING, LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
-from kvlab.facts.timing import UNSTABLE_IQR_SHARE
+from kvlab.facts.timing import CONTENDED_CPU_SHARE, UNSTABLE_IQR_SHARE
 
 # A file larger than this is not read (extras.check and grade.max_file_bytes set it).
 DEFAULT_MAX_BYTES = 1 << 20
@@ -447,18 +447,30 @@ def _optional(folder: Folder, file_name: str) -> dict:
 
 
 def timing_warnings(folder: Folder) -> list[str]:
-    """One line when step 3's timing is unstable (time_runs.json, when the folder has one): the
-    speedup passes or fails `cache_faster` on numbers the machine could not hold steady."""
+    """One line when step 3's timing is unstable, one when it is contended (time_runs.json, when the
+    folder has one): the speedup passes or fails `cache_faster` on numbers the machine could not hold
+    steady, or on runs it took from (slowed alike, so their spread can be small)."""
     summary = _optional(folder, "time_runs.json").get("summary", {})
     if not isinstance(summary, dict):
         return []
-    unstable = [f"{mode.replace('_', ' ')} ({100 * stats['iqr_share']:.0f}%)" for mode, stats in summary.items()
-                if isinstance(stats, dict) and stats.get("unstable") and KINDS["number"][1](stats.get("iqr_share"))]
-    if not unstable:
-        return []
-    return [f"step 3's timing is unstable: the IQR of the runs {' and '.join(unstable)} is "
-            f"{100 * UNSTABLE_IQR_SHARE:.0f}% of the median or more; other work most likely shared the CPU while "
-            f"timing: time again on a quiet machine"]
+    modes = {mode: stats for mode, stats in summary.items() if isinstance(stats, dict)}
+    number = KINDS["number"][1]
+    unstable = [f"{mode.replace('_', ' ')} ({100 * stats['iqr_share']:.0f}%)" for mode, stats in modes.items()
+                if stats.get("unstable") and number(stats.get("iqr_share"))]
+    contended = [f"{mode.replace('_', ' ')} (a median {100 * stats['cpu_share']:.0f}% of the wall time on a CPU; "
+                 f"{100 * stats['contended_runs']:.0f}% of the runs under {100 * CONTENDED_CPU_SHARE:.0f}%)"
+                 for mode, stats in modes.items() if stats.get("contended") is True
+                 and number(stats.get("cpu_share")) and number(stats.get("contended_runs"))]
+    warnings = []
+    if unstable:
+        warnings.append(f"step 3's timing is unstable: the IQR of the runs {' and '.join(unstable)} is "
+                        f"{100 * UNSTABLE_IQR_SHARE:.0f}% of the median or more; other work most likely shared the "
+                        f"CPU while timing: time again on a quiet machine")
+    if contended:
+        warnings.append(f"step 3's timing is contended: the process waited for its CPU in the runs "
+                        f"{' and '.join(contended)}; another process shared its core, and the speedup is not this "
+                        f"machine's: time again on a quiet machine")
+    return warnings
 
 
 def model_warnings(folder: Folder) -> list[str]:

@@ -168,8 +168,8 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     step and the copy's in turn, without the profiler; then one profiler session of
     `profile_repeats` labelled calls of each, in turn. Each call of the model is paired with the
     copy's right after it, so a drift of the machine reaches both. Per step:
-    - `step`: the model's step unprofiled (median, quartiles, spread; kvlab.facts.timing), and
-      `fixed` the copy's the same way;
+    - `step`: the model's step unprofiled (median, quartiles, spread, contention; kvlab.facts.timing),
+      and `fixed` the copy's the same way (each call's clocks in `step_usage` and `fixed_usage`);
     - `width_ms`: the median of the unprofiled pairs' differences, what the model's widths cost;
       `ms["fixed"]` is the step's median less it: the copy's step, set on the model's clock;
     - `compute_ms`: the median over the profiled pairs of the model's operator self time less the
@@ -189,6 +189,7 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         pass  # the profiler's first session sets it up (seconds on a CPU): none that counts
     per_round = -(-repeats // rounds)
     samples = {which: {name: [] for name in STEPS} for which in opened}
+    usage = {which: {name: timing.empty_usage() for name in STEPS} for which in opened}
     pairs = {name: [] for name in STEPS}
     pooled = {name: dict.fromkeys(COMPUTE_PARTS, 0) for name in STEPS}
     names = {which: {name: collections.Counter() for name in STEPS} for which in opened}
@@ -197,7 +198,7 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         for name in STEPS:
             for _ in range(per_round):
                 for which in opened:
-                    samples[which][name] += timing.repeat(opened[which][name], 1, 0)
+                    samples[which][name] += timing.repeat(opened[which][name], 1, 0, usage=usage[which][name])
             with labelled_parts(model, shrunk), profile(activities=[ProfilerActivity.CPU]) as prof:
                 for i in range(profile_repeats):
                     for which in opened:
@@ -216,8 +217,10 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
               "steps": list(STEPS), "parts": list(PARTS), "compute_parts": list(COMPUTE_PARTS),
               "shrunk_sizes": SHRUNK_SIZES, "rounds": rounds, "profiled_pairs": rounds * profile_repeats,
               **timing_context(device)}
+    judged = timing.judged_on(device)
     for name in STEPS:
-        step, fixed = timing.summary(samples["model"][name]), timing.summary(samples["shrunk"][name])
+        step = timing.summary(samples["model"][name], usage["model"][name], judged)
+        fixed = timing.summary(samples["shrunk"][name], usage["shrunk"][name], judged)
         width_ms = float(np.median(np.subtract(samples["model"][name], samples["shrunk"][name]))) * 1e3
         compute_ms = float(np.median(pairs[name]))
         positive = {part: max(pooled[name][part], 0) for part in COMPUTE_PARTS}
@@ -230,8 +233,9 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         same = names["model"][name] == names["shrunk"][name]
         off = sum_ms / (step["median_s"] * 1e3) - 1
         result[name] = {
-            "step": step, "step_samples_s": samples["model"][name], "step_ms": step["median_s"] * 1e3,
-            "fixed": fixed, "fixed_samples_s": samples["shrunk"][name], "width_ms": width_ms,
+            "step": step, "step_samples_s": samples["model"][name], "step_usage": usage["model"][name],
+            "step_ms": step["median_s"] * 1e3, "fixed": fixed, "fixed_samples_s": samples["shrunk"][name],
+            "fixed_usage": usage["shrunk"][name], "width_ms": width_ms,
             "compute_ms": compute_ms, "compute_q1_ms": float(q1), "compute_q3_ms": float(q3),
             "compute_pairs_ms": pairs[name], "ms": ms, "sum_ms": sum_ms,
             "shares": {part: ms[part] / sum_ms for part in PARTS},
@@ -303,12 +307,19 @@ def compiled_forward(model: MiniMindForCausalLM, mode: str):
         torch.compiler.reset()
 
 
-def _summarised(rows: list[dict], contexts) -> dict:
+def _timed_step(step, repeats: int, max_seconds: float, device) -> tuple[dict, dict]:
+    """`step` timed by kvlab.facts.timing.repeat: its summary (contention judged), and its runs' clocks."""
+    usage = timing.empty_usage()
+    samples = timing.repeat(step, repeats, max_seconds, usage=usage)
+    return timing.summary(samples, usage, timing.judged_on(device)), usage
+
+
+def _summarised(rows: list[dict], contexts, usage: list[dict] | None = None) -> dict:
     """Per-context timing summaries as the curve keeps them: medians and quartiles in ms, and their
-    least-squares growth with the context."""
+    least-squares growth with the context; each context's runs' clocks in `usage`."""
     medians = [row["median_s"] for row in rows]
     slope, intercept = np.polyfit(contexts, medians, 1) if len(contexts) > 1 else (0.0, medians[0])
-    return {"steps": rows, "step_ms": [m * 1e3 for m in medians],
+    return {"steps": rows, "usage": usage or [], "step_ms": [m * 1e3 for m in medians],
             "q1_ms": [row["q1_s"] * 1e3 for row in rows], "q3_ms": [row["q3_s"] * 1e3 for row in rows],
             "ms_per_1000_context": float(slope) * 1e6, "intercept_ms": float(intercept) * 1e3}
 
@@ -332,13 +343,15 @@ def cache_curve(model, prompt_ids: list[int], contexts, warmup: int, repeats: in
     at_context = [prompt.repeat(1, -(-context // prompt.shape[1]))[:, :context] for context in contexts]
     result: dict = {"prompt_len": len(prompt_ids), "contexts": list(contexts), **timing_context(device)}
     for kv_cache in KV_CACHES:
-        rows = []
+        rows, usage = [], []
         for ids in at_context:
             step = _decode_step_at(model, ids, kv_cache, device)
             for _ in range(warmup):
                 step()
-            rows.append(timing.summary(timing.repeat(step, repeats, max_seconds)))
-        result[kv_cache] = _summarised(rows, contexts)
+            row, clocks = _timed_step(step, repeats, max_seconds, device)
+            rows.append(row)
+            usage.append(clocks)
+        result[kv_cache] = _summarised(rows, contexts, usage)
     result["cat_over_static"] = timing.ratio_interval(result["cat"]["steps"][-1], result["static"]["steps"][-1])
     result["kinds"] = list(KV_CACHES)
     if compile_mode:
@@ -366,7 +379,7 @@ def _compiled_curve(model, at_context: list[torch.Tensor], warmup: int, repeats:
     """The preallocated step with a compiled forward at each context: cache_curve's summary, plus
     `first_call_s` (compiling and the first run), `mode`, and per context whether its next token is
     the eager step's and the largest difference of their logits."""
-    rows, first, same, differences = [], [], [], []
+    rows, usage, first, same, differences = [], [], [], [], []
     for ids in at_context:
         step = _decode_step_at(model, ids, "static", device)
         eager_outputs, eager_token = step()
@@ -374,9 +387,11 @@ def _compiled_curve(model, at_context: list[torch.Tensor], warmup: int, repeats:
             first += timing.repeat(step, 1, 0)
             for _ in range(warmup):
                 step()
-            rows.append(timing.summary(timing.repeat(step, repeats, max_seconds)))
+            row, clocks = _timed_step(step, repeats, max_seconds, device)
+            rows.append(row)
+            usage.append(clocks)
             outputs, token = step()
         same.append(bool(torch.equal(token, eager_token)))
         differences.append(float((outputs.logits.float() - eager_outputs.logits.float()).abs().max()))
-    return {**_summarised(rows, [ids.shape[1] for ids in at_context]), "mode": mode, "first_call_s": first,
+    return {**_summarised(rows, [ids.shape[1] for ids in at_context], usage), "mode": mode, "first_call_s": first,
             "same_next_token": same, "max_logit_difference": differences}

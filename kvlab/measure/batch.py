@@ -87,10 +87,12 @@ def batch_bench(model: MiniMindForCausalLM, shared_prompt: list[int], distinct_p
 
             for _ in range(warmup):
                 run(record=False)
-            timing.repeat(run, repeats, max_seconds)
+            samples["usage"] = timing.empty_usage()
+            timing.repeat(run, repeats, max_seconds, usage=samples["usage"])
             new_ids = samples["new_ids"].tolist()
             differing = [row for row in range(size) if new_ids[row] != alone[mode][row]]
-            row, detail = _bench_row(mode, size, ids.shape[1], new_tokens, mask, samples, per_token, differing)
+            row, detail = _bench_row(mode, size, ids.shape[1], new_tokens, mask, samples, per_token, differing,
+                                     timing.judged_on(device))
             first = first or detail["per_token"]
             gain = timing.ratio_interval(first, detail["per_token"])
             row.update({"S_TG_gain": gain["ratio"], "S_TG_gain_low": gain["low"], "S_TG_gain_high": gain["high"]})
@@ -106,13 +108,15 @@ def batch_bench(model: MiniMindForCausalLM, shared_prompt: list[int], distinct_p
 
 
 def _bench_row(mode: str, size: int, width: int, new_tokens: int, mask, samples: dict, per_token: int,
-               differing: list[int]) -> tuple[dict, dict]:
-    """One row of batch.tsv from a (mode, B)'s samples, and its detail for batch_runs.json."""
-    prefill = timing.summary(samples["prefill_s"])
-    decode = timing.summary(samples["decode_s"])
-    total = timing.summary([a + b for a, b in zip(samples["prefill_s"], samples["decode_s"])])
+               differing: list[int], judged: bool = True) -> tuple[dict, dict]:
+    """One row of batch.tsv from a (mode, B)'s samples, and its detail for batch_runs.json. The
+    prefill and decode times are parts of the same runs: the runs' clocks (`usage`) judge both."""
+    usage = samples.get("usage")
+    prefill = timing.summary(samples["prefill_s"], usage, judged)
+    decode = timing.summary(samples["decode_s"], usage, judged)
+    total = timing.summary([a + b for a, b in zip(samples["prefill_s"], samples["decode_s"])], usage, judged)
     # seconds per generated token: a decode step's time shared by its B rows
-    per_token_time = timing.summary([s / (size * new_tokens) for s in samples["decode_s"]])
+    per_token_time = timing.summary([s / (size * new_tokens) for s in samples["decode_s"]], usage, judged)
     n_kv = size * (width + new_tokens)
     generated = size * new_tokens
     bench = (width, new_tokens, size, n_kv, prefill["median_s"], size * width / prefill["median_s"],
@@ -127,10 +131,13 @@ def _bench_row(mode: str, size: int, width: int, new_tokens: int, mask, samples:
         "runs": decode["n"],
         "iqr_share": max(decode["iqr_share"], prefill["iqr_share"]),
         "unstable": decode["unstable"] or prefill["unstable"],
+        "cpu_share": decode["cpu_share"],
+        "contended": decode["contended"],
+        "contention": decode["contention"],
         "kv_bytes_measured": samples["cache_bytes"],
         "kv_bytes_formula": n_kv * per_token,
         "same_as_single": not differing,
     }
-    detail = {"prefill_s": samples["prefill_s"], "decode_s": samples["decode_s"], "prefill": prefill,
+    detail = {"prefill_s": samples["prefill_s"], "decode_s": samples["decode_s"], "usage": usage, "prefill": prefill,
               "decode": decode, "per_token": per_token_time, "rows_differing": differing}
     return row, detail

@@ -67,7 +67,8 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         "predicted_speedup": latency["predicted"]["speedup"],
         "kv_bytes_per_token_formula": kv["formula"],
         "kv_bytes_per_token_measured": kv["measured"],
-        # every sample: the whole generations and the per-pair fits (not columns of compare.csv)
+        # every sample: the whole generations, their clocks and the per-pair fits (not columns of compare.csv)
         "generate_samples_s": {label: latency[label]["generate_samples_s"] for label in summaries},
+        "generate_usage": {label: latency[label]["usage"] for label in summaries},
         "fit_runs": latency["fit_runs"],
     }

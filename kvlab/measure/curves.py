@@ -81,7 +81,7 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
             "same_ids": same["same_ids"],
         }
         rows.append(row)
-        runs[str(new_tokens)] = {key: timed[key] for key in ("runs_s", "summary", "speedup")}
+        runs[str(new_tokens)] = {key: timed[key] for key in ("runs_s", "usage", "summary", "speedup")}
         log.info("[%d/%d] N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d / %d runs; %.1f s so far",
                  index, len(new_tokens_list), new_tokens, row["fed_with_cache"], row["fed_without_cache"],
                  row["formula_with_cache"], row["formula_without_cache"], row["with_cache_s"],
@@ -127,12 +127,14 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     from their fed tokens alone, beside the speedup these same generations measured. The fit is
     also made on each timed generation of both modes (the i-th of each), for its spread. The
     wrapper that times every step synchronises and records at each one, so these generations
-    run a little slower than step 3's."""
+    run a little slower than step 3's. Each generation's clocks (`usage`, kvlab.facts.timing) judge
+    whether the machine took from it (`contended`), for the whole generation and its TTFT alike."""
     prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
     prompt_len = len(prompt_ids)
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "warmup": warmup, "repeats": repeats,
                     "max_seconds": max_seconds, **timing_context(device)}
     runs: dict[str, list] = {}
+    judged = timing.judged_on(device)
     for label, use_cache in MODES:
         for _ in range(warmup):
             model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
@@ -143,7 +145,8 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
                 model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
             runs[label].append(calls)
 
-        generate_s = timing.repeat(generate, repeats, max_seconds)
+        usage = timing.empty_usage()
+        generate_s = timing.repeat(generate, repeats, max_seconds, usage=usage)
         log.info("%s: %d timed generations of %d steps, median %.4f s", label, len(generate_s),
                  len(runs[label][0].seconds), float(np.median(generate_s)))
         fed = runs[label][0].fed_lengths
@@ -151,12 +154,13 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         step_s = [float(np.median(samples)) for samples in step_samples]
         result[label] = {
             "ttft_s": step_s[0],
-            "ttft": timing.summary(step_samples[0]),
+            "ttft": timing.summary(step_samples[0], usage, judged),  # judged on its whole generations
             "tpot_s": float(np.median(step_s[1:])) if len(step_s) > 1 else None,
             "sum_steps_s": sum(step_s),
             "generate_s": float(np.median(generate_s)),
-            "generate": timing.summary(generate_s),
+            "generate": timing.summary(generate_s, usage, judged),
             "generate_samples_s": generate_s,
+            "usage": usage,
             "fed_tokens": fed,
             # tokens the step's forward attends over: the prompt plus what was generated before it
             "context_tokens": [prompt_len + step for step in range(len(fed))],

@@ -125,9 +125,11 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
     while their spread is unstable, for at most `max_seconds` (kvlab.facts.timing.repeat).
 
     Returns (time.json: the sheet's three keys, medians and their ratio; time_runs.json: every
-    sample, each mode's summary, the speedup's interval and what the timing ran on)."""
+    sample, each run's clocks (`usage`: CPU and wall seconds, involuntary context switches, load
+    average), each mode's summary with its flags (unstable, contended), the speedup's interval and
+    what the timing ran on)."""
     prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
-    samples = {}
+    samples, usage = {}, {}
     for label, use_cache in MODES:
         def run():
             model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
@@ -135,13 +137,16 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
 
         for _ in range(warmup):
             run()
-        samples[label] = timing.repeat(run, repeats, max_seconds)
-    summary = {label: timing.summary(samples[label]) for label, _ in MODES}
+        usage[label] = timing.empty_usage()
+        samples[label] = timing.repeat(run, repeats, max_seconds, usage=usage[label])
+    judged = timing.judged_on(device)
+    summary = {label: timing.summary(samples[label], usage[label], judged) for label, _ in MODES}
     speedup = timing.ratio_interval(summary["without_cache"], summary["with_cache"])
     result = {"with_cache_s": summary["with_cache"]["median_s"], "without_cache_s": summary["without_cache"]["median_s"],
               "speedup": speedup["ratio"]}
     runs = {
         "runs_s": samples,
+        "usage": usage,
         "summary": summary,
         "speedup": speedup,
         "warmup": warmup,

@@ -18,15 +18,17 @@ from collections import Counter
 from pathlib import Path
 
 from kvlab.facts.formulas import fed_formulas
-from kvlab.facts.timing import UNSTABLE_IQR_SHARE
+from kvlab.facts.disturbed import contended_timings
+from kvlab.facts.timing import CONTENDED_CPU_SHARE, UNSTABLE_IQR_SHARE
 from kvlab.io import read_csv_rows, read_json
 from kvlab.present import beyond
 from kvlab.present.pages import sandboxed_template
 from kvlab.present.verdicts import against, agreement, comparison, direction, steps
 
-# The reports: (the template folder's entry template, the sections whose data it reads).
 SHEET_TEMPLATE = "report.md.j2"
 BEYOND_TEMPLATE = "beyond.md.j2"
+# The two rules a timing is read with care by (kvlab.facts.timing), which the reports state.
+RULES = {"unstable_rule": UNSTABLE_IQR_SHARE, "contended_rule": CONTENDED_CPU_SHARE}
 
 
 # --- where the numbers come from, and which timings to read with care -----------------------------
@@ -84,15 +86,16 @@ def unstable_timings(results: dict) -> list[dict]:
     return found
 
 
-def grouped(timings: list[dict]) -> list[dict]:
+def grouped(timings: list[dict], value: str = "share") -> list[dict]:
     """Timings to read with care, one entry per part and mode (or model), in order: {what, mode, name,
-    points: [{n, share}]}, so a list of batch sizes reads "B = 1 (13%), 4 (12%)" and not once per B."""
+    points: [{n, value}]}, so a list of batch sizes reads "B = 1 (13%), 4 (12%)" and not once per B.
+    `value`: the item's key shown beside each point (the IQR's share, or the CPU's share)."""
     groups: dict = {}
     for item in timings:
         key = (item["what"], item.get("mode"), item.get("name"))
         group = groups.setdefault(key, {"what": item["what"], "mode": item.get("mode"), "name": item.get("name"),
                                         "points": []})
-        group["points"].append({"n": item.get("n"), "share": item["share"]})
+        group["points"].append({"n": item.get("n"), "value": item.get(value)})
     return list(groups.values())
 
 
@@ -140,6 +143,8 @@ def kv_section(results: dict) -> dict:
         # the time gain against the token gain: below it is the fixed cost per step at work
         "time_vs_tokens": against(interval, token_ratio),
         "unstable": any(summary[mode]["unstable"] for mode in summary),
+        # the process waited for its CPU: the speedup is this run's, not the machine's
+        "contended": bool(speedup.get("contended")),
         "tokens": kv["tokens"], "measured_bytes": kv["measured_bytes"], "formula_bytes": kv["formula_bytes"],
         "bytes_match": kv["measured_bytes"] == kv["formula_bytes"], "k_shape": shape,
         "kv_heads": shape[2], "heads": config["num_attention_heads"],
@@ -221,7 +226,7 @@ SHEET_SECTIONS = (kv_section, temperature_section, topp_section, serving_section
 def sheet_context(results: dict, given: dict[str, bool]) -> dict:
     """Everything `report.md` reads: the provenance, the timings to read with care, every section's."""
     context = {"provenance": provenance(results, given), "unstable": grouped(unstable_timings(results)),
-               "unstable_rule": UNSTABLE_IQR_SHARE}
+               "contended": grouped(contended_timings(results), "cpu_share"), **RULES}
     for section in SHEET_SECTIONS:
         context.update(section(results))
     return context
@@ -230,7 +235,8 @@ def sheet_context(results: dict, given: dict[str, bool]) -> dict:
 def beyond_context(results: dict, figures: dict[str, str]) -> dict:
     """Everything `beyond.md` reads: the timings to read with care, the one generation timed several
     ways, and the sections beyond the sheet whose results were given (each with its figure)."""
-    context = {"unstable": grouped(unstable_timings(results)), "unstable_rule": UNSTABLE_IQR_SHARE,
+    context = {"unstable": grouped(unstable_timings(results)),
+               "contended": grouped(contended_timings(results), "cpu_share"), **RULES,
                "same_generation": same_generation(results), "figures": figures,
                "token_ratio": results["counts"]["fed_without_cache"] / results["counts"]["fed_with_cache"]}
     for section in beyond.SECTIONS:
