@@ -2,9 +2,10 @@
 
 RULES holds one rule per thing the sheet grades, in the sheet's order. A rule reads the files it
 needs through `Folder` and returns (ok, detail); a file it cannot use fails that rule only, with the
-reason in its detail. `check_results` runs them all. The `check` rule (this build's own folder)
-and the `grade` rules (a class of students' folders, against an answer key: kvlab.grade.classroom)
-both call it, so each rule of the sheet is written once.
+reason in its detail. `check_results` runs them all. The `check` rule (this build's own folder,
+held to no key; or one student's, against the answer key) and the `grade` rules (a class of
+students' folders, against the answer key: kvlab.grade.classroom) all call it, so each rule of the
+sheet is written once.
 
 A folder may be a student's, so it is untrusted: files are read, never executed; only the sheet's
 file names are opened; a link leading out of the folder, a file over the size cap, a report that is
