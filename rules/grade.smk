@@ -104,6 +104,8 @@ rule class_page:
         **LIGHT_JOB,
     params:
         language=config["report"]["language"],
+        # the page says which answer key the class was held to
+        key=GRADE["key"],
     script:
         "../scripts/class_page.py"
 

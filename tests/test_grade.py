@@ -1,8 +1,10 @@
 """Grading a class (rules/grade.smk, kvlab.grade.classroom, kvlab.grade.check): the example class grades to
 its expected scores against the key it carries, by the README's command on a fresh clone, with no job
 of the lab; each broken folder costs only its student with a readable reason, the report's numbers
-are found only as what they are, and a resubmission reruns one job and the class outputs."""
+are found only as what they are, the class page speaks the report's language, and a resubmission
+reruns one job and the class outputs."""
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -16,6 +18,7 @@ import kvlab.config as lab_config
 from kvlab.facts.sheet import LAB_RESULTS
 from kvlab.io import read_csv_rows
 from kvlab.grade import check, classroom
+from kvlab.grade.class_page import class_page
 
 from helpers import ROOT, copy_workflow, course_config, dry_run_jobs, snakemake
 
@@ -71,7 +74,8 @@ def test_the_example_class_points_are_the_configs():
 
 def test_the_readmes_grade_command_scores_the_example_class_as_documented(tmp_path):
     """On a fresh clone, nothing built: the README's `grade` command grades examples/class against the key
-    it carries, runs no job of the lab, and every score is expected.tsv's."""
+    it carries, runs no job of the lab, and every score is expected.tsv's; the class page (Korean, the
+    config's language) names the key."""
     from test_docs import bash_lines
 
     commands = [c for c in bash_lines((ROOT / "README.md").read_text(encoding="utf-8"), "snakemake") if " grade " in c]
@@ -90,6 +94,38 @@ def test_the_readmes_grade_command_scores_the_example_class_as_documented(tmp_pa
     for student_id, (score, lost) in expected_scores(EXAMPLE).items():
         assert rows[student_id]["score"] == score, (student_id, rows[student_id])
         assert [name for name in POINTS if rows[student_id][name] == 0] == lost, student_id
+    page = (clone / "results/class/class.html").read_text(encoding="utf-8")
+    assert "<code>examples/class/key</code>(grade.key)" in page and "4단계:" in page
+
+
+HANGUL = re.compile("[\uac00-\ud7a3]")
+
+
+@pytest.mark.parametrize("language", ["ko", "en"])
+def test_the_class_page_speaks_the_reports_language(tmp_path, language):
+    """Every word of the page is the report's language, the tests' lines of kvlab.grade.check.RULES
+    too: in Korean no English line of RULES is left; in English no Hangul in them (the students'
+    names and their files' words are theirs)."""
+    figures = []
+    for name in ("class_scores", "class_tests"):
+        figures.append(tmp_path / f"{name}.png")
+        figures[-1].write_bytes(b"a figure")
+    graded = list(grade_example().values())
+    page = class_page(ROOT / "templates" / "class.html.j2", graded, figures, language, key="examples/class/key")
+    tests = page[page.index('<table id="tests">'):page.index("</table>")]
+    whats = re.findall(r"<td><code>\w+</code></td><td>(.*?)</td>", tests)
+    assert len(whats) == len(check.RULES)
+    english = [line for _rule, line in check.RULES.values()]
+    headers = page[:page.index("</tr>", page.index('<table id="students">'))]  # all but the students' rows
+    if language == "ko":
+        assert not [line for line in english if line.replace("'", "&#39;") in page], page
+        assert all(HANGUL.search(what) for what in whats), whats
+        assert "<title>반 채점</title>" in page and "통과하지 못한 테스트와 이유" in headers
+        assert "학생 8명 중 7명이 제출했습니다." in page
+    else:
+        assert whats == [line.replace("'", "&#39;") for line in english]
+        assert not HANGUL.search(headers), headers
+        assert "7 of 8 students handed in a folder." in page and "<code>examples/class/key</code>" in page
 
 
 def test_a_key_that_is_not_one_stops_in_one_line(tmp_path):
