@@ -8,6 +8,7 @@ Free of PyTorch: Snakemake's own process runs it for `-n`, --dag, --lint and --r
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -15,6 +16,9 @@ import jsonschema
 import yaml
 
 from kvlab.facts.compare import LAB_NAME, parameter_estimate
+from kvlab.facts.results import RESULTS
+from kvlab.grade import classroom
+from kvlab.grade.check import Settings
 from kvlab.measure.minimind_src import MiniMindSourceError, check_source_path
 
 # JSON schema types and the Python values that are of them.
@@ -130,7 +134,7 @@ ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", 
 def check_config(config: dict) -> None:
     """Raise ConfigError for the first setting that the schema lets through but the lab cannot run:
     models to compare, capacity architectures, the anatomy's contexts, a batch prompt longer than the
-    lab's, a folder to check that is not there."""
+    lab's, a folder to check that is not there, an answer key that is not one for the lab's settings."""
     extras = config["extras"]
     lab_prompt_len = config["lab"]["prompt"]["cut_tokens"] + 1
     check_entries(config["compare"], extras["compare"]["prompt_tokens"], lab_prompt_len)
@@ -145,6 +149,14 @@ def check_config(config: dict) -> None:
     folder = checked_folder(config)
     if not checks_this_build(config) and not folder.is_dir():
         raise ConfigError(f"config key 'extras.check.results_dir': folder not found: {folder}")
+    key = config["grade"]["key"]
+    if key:
+        lab = config["lab"]
+        settings = Settings(temperatures=tuple(lab["temp"]["temperatures"]), samples=lab["temp"]["samples"],
+                            ps=tuple(lab["topp"]["ps"]))
+        problem = classroom.key_problem(Path(key).expanduser(), settings)
+        if problem:
+            raise ConfigError(f"config key 'grade.key': {problem}")
 
 
 def checked_folder(config: dict) -> Path:
@@ -153,8 +165,42 @@ def checked_folder(config: dict) -> Path:
 
 
 def checks_this_build(config: dict) -> bool:
-    """Whether `check` grades this build's own results (then it waits for them)."""
+    """Whether `check` grades this build's own results (then it waits for them, and holds them to no
+    key: they are the key)."""
     return checked_folder(config).resolve() == Path("results").resolve()
+
+
+def folder_name(config: dict) -> str:
+    """The name another folder's check goes by (results/check/NAME.json): the folder's name (letters,
+    digits, . _ - kept) and 8 hex digits of its absolute path, so that two students' folders both named
+    `results` keep apart."""
+    folder = checked_folder(config).resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", folder.name) or "folder"
+    return f"{name}-{hashlib.sha256(str(folder).encode('utf-8')).hexdigest()[:8]}"
+
+
+def check_output(config: dict) -> str:
+    """The file `check` writes its verdicts to: results/check.json for this build's own folder
+    (kvlab.facts.results' `check`), results/check/NAME.json for another (`folder_check`), so that
+    checking a student's folder never overwrites, nor on failure deletes, the build's own."""
+    if checks_this_build(config):
+        return RESULTS["check"].path
+    return RESULTS["folder_check"].path.format(folder=folder_name(config))
+
+
+def check_log(config: dict) -> str:
+    """The stem of `check`'s two logs (.log, the table; .json, the verdicts, kept when it fails):
+    results/logs/check for this build's folder, results/logs/check/NAME for another."""
+    return "results/logs/check" + ("" if checks_this_build(config) else f"/{folder_name(config)}")
+
+
+def answer_key(config: dict) -> dict[str, str]:
+    """The answer key's files, {name: path} of kvlab.grade.classroom.KEY_RESULTS, that `grade` and
+    `check` on another folder hold a folder to: grade.key's folder, or this build's own results on the
+    same checkpoints (then the jobs wait for the lab's jobs that write them)."""
+    if config["grade"]["key"]:
+        return classroom.key_files(Path(config["grade"]["key"]).expanduser())
+    return {name: RESULTS[name].path for name in classroom.KEY_RESULTS}
 
 
 def check_entries(entries: list[dict], prompt_tokens: int, lab_prompt_len: int) -> None:

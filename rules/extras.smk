@@ -152,28 +152,43 @@ rule temp_curve:
 
 
 # `check` grades the lab sheet's files (kvlab.facts.sheet) in the folder extras.check.results_dir
-# names: a student's is read as it is; the default, "results", makes it wait for this build.
+# names. The default, "results", makes it wait for this build and hold each file to its shape and its
+# own numbers (the build's results are the answer key: holding them to themselves proves nothing);
+# another folder, a student's, is read as it is and held to the answer key `grade` uses (grade.key,
+# or this build's temp, topp and kvbytes results, which it then waits for), with grade's tolerance,
+# its verdicts written apart (results/check/NAME.json) from the build's own results/check.json.
 CHECKED_FOLDER = lab_config.checked_folder(config)
+CHECKS_THIS_BUILD = lab_config.checks_this_build(config)
+CHECK_KEY = {} if CHECKS_THIS_BUILD else lab_config.answer_key(config)
+CHECK_LOG = lab_config.check_log(config)
 
 
 rule check:
     input:
+        # another folder's answer key (none for this build's)
+        **CHECK_KEY,
         # this build's results wait for their jobs; another folder's files are taken as they are
         # (one missing is a rule's verdict, not Snakemake's MissingInputException)
         checked=(
             [str(CHECKED_FOLDER / name) for name in HANDED_IN]
-            if lab_config.checks_this_build(config)
+            if CHECKS_THIS_BUILD
             else submitted_files(CHECKED_FOLDER)
         ),
     output:
-        check=RESULTS["check"].path,
+        check=lab_config.check_output(config),
     log:
-        table="results/logs/check.log",
-        verdicts="results/logs/check.json",
+        table=f"{CHECK_LOG}.log",
+        verdicts=f"{CHECK_LOG}.json",
     threads: 1
     resources:
         **LIGHT_JOB,
     params:
+        # held to the key: as far from its distinct-answer counts as grade allows
+        **(
+            {}
+            if CHECKS_THIS_BUILD
+            else {"temp_tolerance": config["grade"]["temp_tolerance"]}
+        ),
         results_dir=lambda wildcards: str(CHECKED_FOLDER),
         temperatures=config["lab"]["temp"]["temperatures"],
         samples=config["lab"]["temp"]["samples"],

@@ -1,7 +1,8 @@
 # Grading a class (docs/teaching.md): one job per student of the class sheet (config grade.class_sheet),
 # each writing Gradescope's results.json, then the class table, two figures and a class page.
-# Every test is a rule of kvlab.grade.check, the same the `check` rule runs on this build, here held to
-# an answer key: this workflow's own temp, topp and kvbytes results on the same checkpoints.
+# Every test is a rule of kvlab.grade.check, the same the `check` rule runs, held to an answer key:
+# this workflow's own temp, topp and kvbytes results on the same checkpoints (built first if they are
+# not yet), or grade.key's folder of them (examples/class/key: then no job of the lab runs).
 # Nothing here writes into the lab's results: everything goes under results/class/.
 import sys
 
@@ -40,7 +41,7 @@ if "grade" in sys.argv[1:]:
             file=sys.stderr,
         )
 CLASS_FIGURES = [figure for figure in FIGURES.values() if figure.category == CLASS]
-ANSWER_KEY = {name: RESULTS[name].path for name in classroom.KEY_RESULTS}
+ANSWER_KEY = lab_config.answer_key(config)
 
 
 rule grade_student:
@@ -103,6 +104,8 @@ rule class_page:
         **LIGHT_JOB,
     params:
         language=config["report"]["language"],
+        # the page says which answer key the class was held to
+        key=GRADE["key"],
     script:
         "../scripts/class_page.py"
 

@@ -7,7 +7,8 @@ from kvlab.workflow import run
 
 def main(snakemake):
     i = snakemake.input
-    page = class_page(i.template, [read_json(path) for path in i.results], list(i.figures), snakemake.params.language)
+    p = snakemake.params
+    page = class_page(i.template, [read_json(path) for path in i.results], list(i.figures), p.language, p.key)
     write_text_atomic(snakemake.output.class_page, page)
 
 

@@ -1,5 +1,5 @@
 """Grade one student's folder: results/class/{student_id}/results.json in Gradescope's format, each
-test a rule of the lab sheet held to the answer key (this workflow's own results)."""
+test a rule of the lab sheet held to the answer key (this workflow's own results, or grade.key's)."""
 from kvlab.io import write_json_atomic
 from kvlab.grade.check import Settings
 from kvlab.grade.classroom import KEY_RESULTS, grade_student, load_key

@@ -21,6 +21,7 @@ import torch
 from matplotlib import font_manager
 from PIL import Image
 
+import kvlab.config as lab_config
 from kvlab.grade import check
 from kvlab.measure import curves, steps
 from kvlab.present import figures, tables
@@ -482,32 +483,81 @@ def alter(folder, name, change):
     (folder / name).write_text(json.dumps(data), encoding="utf-8")
 
 
+@pytest.fixture(scope="module")
+def grader(course_build, tmp_path_factory):
+    """A copy of the build (times kept: up to date), where an instructor checks students' folders; the
+    build's own check files as they were before, {path: (bytes, mtime)}."""
+    # at the build's depth: the workflow's templates are inputs named relative to the working folder
+    workdir = shutil.copytree(course_build, tmp_path_factory.mktemp("grader"), symlinks=True, dirs_exist_ok=True)
+    own = [workdir / "results" / "check.json", *(workdir / "results" / "logs").glob("check.*")]
+    return workdir, {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in own}
+
+
+def check_folder(grader, course, student):
+    """`snakemake check` with extras.check.results_dir at `student`, in the grader's copy of the build:
+    the run, the verdicts of its log (kept when it fails) and its output's path."""
+    workdir, own = grader
+    config = extras_config(course, check={"results_dir": str(student)})
+    run = snakemake(workdir, "check", config=config, check=False)
+    name = lab_config.folder_name(config)
+    verdicts = json.loads((workdir / "results" / "logs" / "check" / f"{name}.json").read_text(encoding="utf-8"))
+    # the build's own check is never touched: not overwritten, not deleted on a failure
+    assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in own} == own
+    return run, verdicts, workdir / "results" / "check" / f"{name}.json"
+
+
 @pytest.mark.parametrize("name, change, rules", [
     (None, None, None),
     ("count.json", lambda d: d.update(fed_without_cache=d["fed_without_cache"] + 1), ["fed_without_cache"]),
     ("kvbytes.json", lambda d: d.update(formula_bytes=d["formula_bytes"] + 4), ["kv_bytes"]),
     ("temp.json", None, ["files", "temp"]),  # not handed in: a verdict, not Snakemake's missing input
 ], ids=["untouched", "fed_tokens", "formula_bytes", "missing_file"])
-def test_check_on_a_copied_folder(built, course, tmp_path, name, change, rules):
-    """As an instructor runs it: `snakemake check` with extras.check.results_dir pointing at a folder."""
+def test_check_on_a_copied_folder(built, course, grader, tmp_path, name, change, rules):
+    """As an instructor runs it: `snakemake check` with extras.check.results_dir pointing at a folder,
+    held to the answer key (this build's results); its verdicts in results/check/NAME.json."""
     student = tmp_path / "student"
-    shutil.copytree(built, student, ignore=shutil.ignore_patterns("logs", "benchmarks", "figures", "check.json"))
+    shutil.copytree(built, student, ignore=shutil.ignore_patterns("logs", "benchmarks", "figures", "check*"))
     if name and change:
         alter(student, name, change)
     elif name:
         (student / name).unlink()
-    config = extras_config(course, check={"results_dir": str(student)})
-    (tmp_path / "grader").mkdir()
-    run = snakemake(tmp_path / "grader", "check", config=config, check=False)
-    verdicts = json.loads((tmp_path / "grader" / "results" / "logs" / "check.json").read_text(encoding="utf-8"))
+    run, verdicts, output = check_folder(grader, course, student)
     assert verdicts["results_dir"] == str(student)
+    assert "held to the answer key: results/temp.json, results/topp.json, results/kvbytes.json" in run.stdout
     if rules is None:
         assert run.returncode == 0 and verdicts["ok"], run.stdout + run.stderr
-        assert (tmp_path / "grader" / "results" / "check.json").is_file()
+        assert json.loads(output.read_text(encoding="utf-8")) == verdicts
     else:
-        assert run.returncode != 0
+        assert run.returncode != 0 and not output.exists()
         assert f"FAILED: {', '.join(rules)}" in run.stdout and f"check failed: {rules[0]} (" in run.stderr
         assert [r for r, v in verdicts["rules"].items() if not v["ok"]] == rules
+
+
+def test_check_fails_a_folder_weighed_after_repeat_kv(built, course, grader, tmp_path):
+    """The sheet's own named mistake: the cache weighed after repeat_kv (attention heads, not KV heads),
+    its bytes and formula agreeing. Each file alone is consistent, so only the key (this build's
+    kvbytes.json on the same checkpoint) shows it: `check` fails kv_bytes and says why."""
+    student = tmp_path / "student"
+    shutil.copytree(built, student, ignore=shutil.ignore_patterns("logs", "benchmarks", "figures", "check*"))
+    kv, model = load(built, "kvbytes.json"), load(built / "checkpoints", "pretrain.json")["config"]
+    n_rep = model["num_attention_heads"] // model["num_key_value_heads"]
+    assert n_rep > 1  # the course's model: 4 attention heads, 2 KV heads
+    batch, tokens, kv_heads, head_dim = kv["k_shape"]
+    repeated = {**kv, "k_shape": [batch, tokens, kv_heads * n_rep, head_dim],
+                "measured_bytes": kv["measured_bytes"] * n_rep, "formula_bytes": kv["formula_bytes"] * n_rep}
+    (student / "kvbytes.json").write_text(json.dumps(repeated), encoding="utf-8")
+    report = (student / "report.md").read_text(encoding="utf-8")
+    written = f"{kv['measured_bytes']:,}"
+    assert written in report
+    (student / "report.md").write_text(report.replace(written, f"{repeated['measured_bytes']:,}"), encoding="utf-8")
+    settings = check.Settings(tuple(SMALL_LAB["temp"]["temperatures"]), SMALL_LAB["temp"]["samples"],
+                              tuple(SMALL_LAB["topp"]["ps"]))
+    assert check.check_results(student, settings)["ok"]  # without the key, nothing is wrong with it
+    run, verdicts, output = check_folder(grader, course, student)
+    assert run.returncode != 0 and not output.exists()
+    assert [r for r, v in verdicts["rules"].items() if not v["ok"]] == ["kv_bytes"]
+    assert "FAILED: kv_bytes" in run.stdout and "check failed: kv_bytes (" in run.stderr
+    assert f"k_shape has {kv_heads * n_rep} heads: the shape after repeat_kv" in verdicts["rules"]["kv_bytes"]["detail"]
 
 
 # --- the package functions, without Snakemake --------------------------------------------------

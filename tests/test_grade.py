@@ -1,19 +1,27 @@
 """Grading a class (rules/grade.smk, kvlab.grade.classroom, kvlab.grade.check): the example class grades to
-its expected scores, each broken folder costs only its student with a readable reason, the report's
-numbers are found only as what they are, and a resubmission reruns one job and the class outputs."""
+its expected scores against the key it carries, by the README's command on a fresh clone, with no job
+of the lab; each broken folder costs only its student with a readable reason, the report's numbers
+are found only as what they are, the class page speaks the report's language, and a resubmission
+reruns one job and the class outputs."""
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+import kvlab.config as lab_config
+from kvlab.facts.sheet import LAB_RESULTS
 from kvlab.io import read_csv_rows
 from kvlab.grade import check, classroom
 from kvlab.present.i18n import messages as i18n_messages
+from kvlab.grade.class_page import class_page
 
-from helpers import ROOT, course_config, dry_run_jobs, snakemake
+from helpers import ROOT, copy_workflow, course_config, dry_run_jobs, snakemake
 
 EXAMPLE = ROOT / "examples" / "class"
 POINTS = {"files": 1, "same_ids": 1, "fed_with_cache": 2, "fed_without_cache": 2, "cache_faster": 1, "kv_bytes": 2,
@@ -35,12 +43,21 @@ def settings_for(key_folder, **changes):
                              "temp_tolerance": 2, **changes})
 
 
-def test_the_committed_example_class_grades_to_its_expected_scores():
-    """examples/class was made from a default build; its correct student's files are that build's, so
-    they are the key. Every student's score and failed tests are the ones expected.tsv names."""
-    settings = settings_for(EXAMPLE / "s01")
+def grade_example():
+    """The example class graded in-process against the key it carries: {student_id: results.json}."""
+    settings = settings_for(EXAMPLE / "key")
     students = classroom.read_class_sheet(EXAMPLE / "students.tsv")
-    graded = {s["student_id"]: classroom.grade_student(s, settings, POINTS) for s in students}
+    return {s["student_id"]: classroom.grade_student(s, settings, POINTS) for s in students}
+
+
+def test_the_committed_example_class_grades_to_its_expected_scores():
+    """examples/class was made from a default build and carries that build's key (examples/class/key,
+    the files its correct student handed in). Every student's score and failed tests are the ones
+    expected.tsv names."""
+    for name in classroom.KEY_RESULTS:
+        file_name = LAB_RESULTS[name]
+        assert (EXAMPLE / "key" / file_name).read_bytes() == (EXAMPLE / "s01" / file_name).read_bytes()
+    graded = grade_example()
     for student_id, (score, lost) in expected_scores(EXAMPLE).items():
         result = graded[student_id]
         assert result["score"] == score, (student_id, result["output"])
@@ -53,9 +70,83 @@ def test_the_committed_example_class_grades_to_its_expected_scores():
 
 
 def test_the_example_class_points_are_the_configs():
-    import yaml
-
     assert yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))["grade"]["points"] == POINTS
+
+
+def test_the_readmes_grade_command_scores_the_example_class_as_documented(tmp_path):
+    """On a fresh clone, nothing built: the README's `grade` command grades examples/class against the key
+    it carries, runs no job of the lab, and every score is expected.tsv's; the class page (Korean, the
+    config's language) names the key."""
+    from test_docs import bash_lines
+
+    commands = [c for c in bash_lines((ROOT / "README.md").read_text(encoding="utf-8"), "snakemake") if " grade " in c]
+    assert len(commands) == 1 and "key: examples/class/key" in commands[0], commands
+    clone = copy_workflow(tmp_path / "kvlab")
+    shutil.copytree(EXAMPLE, clone / "examples" / "class", symlinks=True)
+    words = shlex.split(commands[0])
+    run = subprocess.run([sys.executable, "-m", *words], cwd=clone, capture_output=True, text=True)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    start = output.index("Job stats:")
+    stats = output[start:output.index("\ntotal", start)].splitlines()[3:]
+    jobs = {name: int(count) for name, count in map(str.split, stats)}
+    assert jobs == {"grade_student": 8, **CLASS_JOBS}, jobs  # nothing of the lab
+    rows = {row["student_id"]: row for row in read_csv_rows(clone / "results/class/grades.csv")}
+    for student_id, (score, lost) in expected_scores(EXAMPLE).items():
+        assert rows[student_id]["score"] == score, (student_id, rows[student_id])
+        assert [name for name in POINTS if rows[student_id][name] == 0] == lost, student_id
+    page = (clone / "results/class/class.html").read_text(encoding="utf-8")
+    assert "<code>examples/class/key</code>(grade.key)" in page and "4단계:" in page
+
+
+HANGUL = re.compile("[\uac00-\ud7a3]")
+
+
+@pytest.mark.parametrize("language", ["ko", "en"])
+def test_the_class_page_speaks_the_reports_language(tmp_path, language):
+    """Every word of the page is the report's language, the tests' lines of kvlab.grade.check.RULES
+    too: in Korean no English line of RULES is left; in English no Hangul in them (the students'
+    names and their files' words are theirs)."""
+    figures = []
+    for name in ("class_scores", "class_tests"):
+        figures.append(tmp_path / f"{name}.png")
+        figures[-1].write_bytes(b"a figure")
+    graded = list(grade_example().values())
+    page = class_page(ROOT / "templates" / "class.html.j2", graded, figures, language, key="examples/class/key")
+    tests = page[page.index('<table id="tests">'):page.index("</table>")]
+    whats = re.findall(r"<td><code>\w+</code></td><td>(.*?)</td>", tests)
+    assert len(whats) == len(check.RULES)
+    english = [line for _rule, line in check.RULES.values()]
+    headers = page[:page.index("</tr>", page.index('<table id="students">'))]  # all but the students' rows
+    if language == "ko":
+        assert not [line for line in english if line.replace("'", "&#39;") in page], page
+        assert all(HANGUL.search(what) for what in whats), whats
+        assert "<title>반 채점</title>" in page and "통과하지 못한 테스트와 이유" in headers
+        assert "학생 8명 중 7명이 제출했습니다." in page
+    else:
+        assert whats == [line.replace("'", "&#39;") for line in english]
+        assert not HANGUL.search(headers), headers
+        assert "7 of 8 students handed in a folder." in page and "<code>examples/class/key</code>" in page
+
+
+def test_a_key_that_is_not_one_stops_in_one_line(tmp_path):
+    """grade.key names a folder of one build's temp, topp and kvbytes, made with the lab's temperatures
+    and p: anything else stops the run before any job, naming the key."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))
+    key = shutil.copytree(EXAMPLE / "key", tmp_path / "key")
+    config["grade"]["key"] = str(key)
+    lab_config.check_config(config)  # the example's key is one for config.yaml's lab
+    assert lab_config.answer_key(config) == {name: str(key / LAB_RESULTS[name]) for name in classroom.KEY_RESULTS}
+    for change, message in [
+        (lambda: config["lab"]["temp"].update(temperatures=[0.3, 1.5]), "temp: keys ['0.3', '1.0', '1.5'], expected"),
+        (lambda: (key / "topp.json").unlink(), "is not an answer key: topp.json missing"),
+        (lambda: config["grade"].update(key=str(tmp_path / "nowhere")), "folder not found"),
+    ]:
+        change()
+        with pytest.raises(lab_config.ConfigError) as err:
+            lab_config.check_config(config)
+        assert str(err.value).startswith("config key 'grade.key': ") and message in str(err.value), str(err.value)
+        assert "\n" not in str(err.value)
 
 
 # --- the report's numbers: found as what they are, in ## KV 캐시 ------------------------------------

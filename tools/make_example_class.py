@@ -4,9 +4,10 @@
 
 The students are synthetic, made from the build's own files, each correct or broken the way students
 get the lab wrong; expected.tsv holds the score each must get with config.yaml's grade.points and
-grade.temp_tolerance (read from it here) (the test grades a class made this way from its own build, and
-examples/class/ was made from a default build, so it grades to those scores against one:
-docs/teaching.md). The seven files of the sheet only: nothing here is executed by the grader.
+grade.temp_tolerance (read from it here), graded against the answer key written beside them: key/,
+the build's temp.json, topp.json and kvbytes.json (grade.key: examples/class/key grades the class
+against the build it was made from, on any machine: docs/teaching.md). The seven files of the sheet
+only: nothing here is executed by the grader.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from kvlab.facts.sheet import LAB_RESULTS
+from kvlab.grade.classroom import KEY_RESULTS
 
 # The points and the tolerance the class is graded with: config.yaml's.
 GRADE = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text(encoding="utf-8"))["grade"]
@@ -53,10 +55,15 @@ def handwritten_report(speedup: str, measured: str, count: dict, topp: dict, byt
 
 
 def make_class(results: Path, out: Path, tolerance: int = GRADE["temp_tolerance"]) -> list[dict]:
-    """Write out/students.tsv, out/expected.tsv and one folder per student; returns the expected rows."""
+    """Write out/students.tsv, out/expected.tsv, the answer key (out/key/) and one folder per student;
+    returns the expected rows."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    # the key the scores hold for: the build's own files, as grade reads them (kvlab.grade.classroom)
+    (out / "key").mkdir()
+    for name in KEY_RESULTS:
+        shutil.copyfile(results / LAB_RESULTS[name], out / "key" / LAB_RESULTS[name])
     same, count, timing = load(results, "same.json"), load(results, "count.json"), load(results, "time.json")
     kv, temp, topp = load(results, "kvbytes.json"), load(results, "temp.json"), load(results, "topp.json")
     config = load(results / "checkpoints", "pretrain.json")["config"]

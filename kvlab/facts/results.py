@@ -6,9 +6,12 @@ One name a result, from rule to file to caption: the result `latency` is written
 `results/latency.json`, captioned by `report/latency.rst`, and read by the report as `latency`. A
 figure is named by its file: `step_times` is drawn by rule `figure_step_times`, by the function
 `step_times` of its drawing module, to `results/figures/step_times.png`, captioned by
-`report/figures/step_times.rst`, from the result its `data` names. Two names depart from their files,
-each for a reason outside the workflow: step 2's `counts` (the sheet names the file count.json, and
-Snakemake reserves `count`), and the class page's `class_page` (results/class/class.html).
+`report/figures/step_times.rst`, from the result its `data` names. Three names depart from their
+files or rules, each for a reason outside the workflow: step 2's `counts` (the sheet names the file
+count.json, and Snakemake reserves `count`), the class page's `class_page` (results/class/class.html),
+and `folder_check`, written by rule `check` when it checks another folder than this build's
+(results/check/{folder}.json, the folder's name filled in by kvlab.config.check_output), so that a
+student's folder never overwrites the build's own results/check.json.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ RESULTS = _results(
     Result("temp_answers", "results/temp_answers.json"),
     Result("topp_sharp", "results/topp_sharp.json"),
     Result("check", "results/check.json", timed=True),
+    Result("folder_check", "results/check/{folder}.json", timed=True),
     # beyond the sheet, each a section of the HTML report
     Result("sweep", "results/sweep.csv", BEYOND, "Cost curves", timed=True),
     Result("sweep_runs", "results/sweep_runs.json", timed=True),
@@ -136,7 +140,8 @@ FIGURES = {
 # The results the reports' templates read, by name: the lab's and everything beyond it (fidelity's only
 # where it ran), never the pages made from the reports or the class's.
 REPORT_READS = tuple(name for name, result in RESULTS.items()
-                     if result.category in (LAB_SHEET, BEYOND, None) and name not in ("lab_tables", "check"))
+                     if result.category in (LAB_SHEET, BEYOND, None)
+                     and name not in ("lab_tables", "check", "folder_check"))
 SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
                "batch", "fidelity")
 # The reports' templates: one folder, an entry template per report, one file a section.

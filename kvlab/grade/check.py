@@ -2,9 +2,10 @@
 
 RULES holds one rule per thing the sheet grades, in the sheet's order. A rule reads the files it
 needs through `Folder` and returns (ok, detail); a file it cannot use fails that rule only, with the
-reason in its detail. `check_results` runs them all. The `check` rule (this build's own folder)
-and the `grade` rules (a class of students' folders, against an answer key: kvlab.grade.classroom)
-both call it, so each rule of the sheet is written once.
+reason in its detail. `check_results` runs them all. The `check` rule (this build's own folder,
+held to no key; or one student's, against the answer key) and the `grade` rules (a class of
+students' folders, against the answer key: kvlab.grade.classroom) all call it, so each rule of the
+sheet is written once.
 
 A folder may be a student's, so it is untrusted: files are read, never executed; only the sheet's
 file names are opened; a link leading out of the folder, a file over the size cap, a report that is
@@ -24,6 +25,7 @@ from pathlib import Path
 from kvlab.facts.formulas import fed_formulas
 from kvlab.facts.sheet import HANDED_IN, KV_HEADING, LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
 from kvlab.facts.timing import CONTENDED_CPU_SHARE, UNSTABLE_IQR_SHARE
+from kvlab.present.i18n import N_
 
 # A file larger than this is not read (extras.check and grade.max_file_bytes set it).
 DEFAULT_MAX_BYTES = 1 << 20
@@ -402,19 +404,21 @@ def report_measured_bytes(folder, settings):
                                   lambda form: _bytes_match(form[0], form[1], measured))
 
 
-# name -> (rule, what it grades, in a line)
+# name -> (rule, what it grades, in a line). The lines are in English, as Gradescope's results.json
+# names its tests; the class page shows them in the report's language (kvlab.present.i18n's catalog).
 RULES = {
-    "files": (files, "the sheet's seven files are there and readable"),
-    "same_ids": (same_ids, "step 1: greedy tokens are the same with and without the cache"),
-    "fed_with_cache": (fed_with_cache, "step 2: tokens fed with the cache = P + N - 1"),
-    "fed_without_cache": (fed_without_cache, "step 2: tokens fed without the cache = P·N + N(N-1)/2"),
-    "cache_faster": (cache_faster, "step 3: the cache side is faster, speedup = without / with"),
-    "kv_bytes": (kv_bytes, "step 4: measured bytes = the formula, with the shape before repeat_kv"),
-    "temp": (temp, "step 5: distinct answers per temperature"),
-    "topp": (topp, "step 6: candidates top-p keeps"),
-    "report_headings": (report_headings, "step 7: the report's three sections"),
-    "report_speedup": (report_speedup, "step 7: the speedup, written as one, in the KV cache section"),
-    "report_measured_bytes": (report_measured_bytes, "step 7: measured_bytes, written as bytes, in the KV cache section"),
+    "files": (files, N_("the sheet's seven files are there and readable")),
+    "same_ids": (same_ids, N_("step 1: greedy tokens are the same with and without the cache")),
+    "fed_with_cache": (fed_with_cache, N_("step 2: tokens fed with the cache = P + N - 1")),
+    "fed_without_cache": (fed_without_cache, N_("step 2: tokens fed without the cache = P·N + N(N-1)/2")),
+    "cache_faster": (cache_faster, N_("step 3: the cache side is faster, speedup = without / with")),
+    "kv_bytes": (kv_bytes, N_("step 4: measured bytes = the formula, with the shape before repeat_kv")),
+    "temp": (temp, N_("step 5: distinct answers per temperature")),
+    "topp": (topp, N_("step 6: candidates top-p keeps")),
+    "report_headings": (report_headings, N_("step 7: the report's three sections")),
+    "report_speedup": (report_speedup, N_("step 7: the speedup, written as one, in the KV cache section")),
+    "report_measured_bytes": (report_measured_bytes,
+                              N_("step 7: measured_bytes, written as bytes, in the KV cache section")),
 }
 
 

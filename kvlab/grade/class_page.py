@@ -11,7 +11,7 @@ import numpy as np
 
 from kvlab.grade.classroom import class_rows, pass_rate_rows
 from kvlab.present.figures import drawing, save
-from kvlab.present.i18n import N_
+from kvlab.present.i18n import N_, gettext_for
 from kvlab.present.pages import sandboxed_template
 
 # Every label the figures draw, in English (its Korean in the catalog: kvlab.present.i18n).
@@ -24,10 +24,13 @@ LABELS = {
 }
 
 
-def class_page(template_path, graded: list[dict], figure_paths, language: str) -> str:
+def class_page(template_path, graded: list[dict], figure_paths, language: str, key: str | None = None) -> str:
     """The class page (results/class/class.html) from the students' results.json files: the summary,
-    each test's pass rate, the figures embedded, and each student's row with the tests not passed
-    and their output. Rendered with autoescape: names and outputs quote what students wrote."""
+    which answer key they were held to (grade.key's folder, or None: this build's own results), each
+    test's pass rate with what it grades, the figures embedded, and each student's row with the tests
+    not passed and their output. Its words are in `language` (the catalog of kvlab.present.i18n), the
+    tests' lines of kvlab.grade.check.RULES too; the outputs stay as the grader wrote them. Rendered
+    with autoescape: names and outputs quote what students wrote."""
     figures = {Path(path).stem: base64.b64encode(Path(path).read_bytes()).decode("ascii") for path in figure_paths}
     grades = class_rows(graded)
     scores = sorted(row["score"] for row in grades)
@@ -39,8 +42,10 @@ def class_page(template_path, graded: list[dict], figure_paths, language: str) -
     students = [{**row, "submitted": result["extra_data"]["submitted"],
                  "failed": [test for test in result["tests"] if test["status"] == "failed"]}
                 for row, result in zip(grades, graded)]
-    return sandboxed_template(template_path, autoescape=True).render(
-        lang=language, summary=summary, tests=pass_rate_rows(graded), students=students, figures=figures)
+    translate = gettext_for(language)
+    tests = [{**row, "what": translate(row["what"])} for row in pass_rate_rows(graded)]
+    return sandboxed_template(template_path, autoescape=True, language=language).render(
+        lang=language, summary=summary, key=key, tests=tests, students=students, figures=figures)
 
 
 def class_scores(rows: list[dict], path, language: str = "en") -> None:

@@ -1,7 +1,8 @@
 """Grade a class: the class sheet, one student's folder as a Gradescope results file, the class table.
 
 Every test is a rule of kvlab.grade.check (RULES, in the sheet's order), held to an answer key: the
-workflow's own results on the same checkpoints. The formats are the ones graders already use:
+workflow's own results on the same checkpoints, or a folder of them kept from the build a class was
+made from (grade.key: examples/class/key). The formats are the ones graders already use:
 
 - the class sheet is a tab-separated table read with pandas, as the Snakemake catalog's sample
   sheets are: `student_id`, `results` (the student's folder, relative to the sheet's own folder
@@ -20,8 +21,8 @@ from pathlib import Path
 
 import jsonschema
 
-from kvlab.facts.sheet import HANDED_IN
-from kvlab.grade.check import RULES, Settings, check_results
+from kvlab.facts.sheet import HANDED_IN, LAB_RESULTS
+from kvlab.grade.check import RULES, Folder, Settings, check_results, run_rule
 
 REQUIRED_COLUMNS = ("student_id", "results")
 # A student id names a folder under results/class/ and a Snakemake wildcard: letters, digits, . _ -
@@ -29,6 +30,8 @@ STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 NO_SUBMISSION = "no submission"
 # The answer key: the workflow's own results of these sheet files, on the same checkpoints.
 KEY_RESULTS = ("temp", "topp", "kvbytes")
+# What a key's own files must pass, without a key: the rules that read them.
+KEY_RULES = ("temp", "topp", "kv_bytes")
 NO_SHEET = ("config key 'grade.class_sheet' is not set: give the class sheet, a TSV of student_id and results "
             "(e.g. --config grade='{class_sheet: examples/class/students.tsv}'); see docs/teaching.md")
 
@@ -122,6 +125,30 @@ def class_outputs(students: dict, paths: list[str]) -> list[str]:
 def load_key(paths: dict) -> dict:
     """The answer key: the workflow's own KEY_RESULTS ({name: path})."""
     return {name: json.loads(Path(path).read_text(encoding="utf-8")) for name, path in paths.items()}
+
+
+def key_files(folder) -> dict[str, str]:
+    """The answer key kept in `folder` (grade.key): {name: path} of KEY_RESULTS, by the sheet's file names."""
+    return {name: str(Path(folder) / LAB_RESULTS[name]) for name in KEY_RESULTS}
+
+
+def key_problem(folder, settings: Settings) -> str | None:
+    """Why `folder` is no answer key for the lab's `settings` (its temperatures, samples and top-p
+    values; no key), in one line; None when it is one: its three files there and passing the rules
+    that read them (a key made with other temperatures or p would fail every student)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return f"folder not found: {folder}"
+    missing = [path for path in key_files(folder).values() if not Path(path).is_file()]
+    if missing:
+        return (f"{folder} is not an answer key: {', '.join(Path(path).name for path in missing)} missing "
+                f"(a key holds {', '.join(LAB_RESULTS[name] for name in KEY_RESULTS)} of one build)")
+    files = Folder(folder, settings.max_bytes)
+    for rule in KEY_RULES:
+        verdict = run_rule(rule, files, settings)
+        if not verdict["ok"]:
+            return f"{folder} is not an answer key for the lab's settings: {rule}: {verdict['detail']}"
+    return None
 
 
 def _test(number: int, name: str, points: int, ok: bool, output: str) -> dict:
