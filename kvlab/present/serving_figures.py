@@ -1,0 +1,184 @@
+"""The continuous-batching figures (rules/serving.smk's results), drawn as kvlab.present.figures draws
+the lab's: matplotlib's Agg backend, labels in the report's language, a PNG saved atomically with its
+text in its metadata.
+
+  serve_timeline  the trace served twice, static above continuous: each request a row (waiting, its
+                  prompt fed, decoding), the blocks in use beneath, on the engine's step clock
+  serve_latency   latency against the request rate, both policies, the rates as fractions of the
+                  saturation throughput measured first (the PagedAttention paper's Fig. 12 shape)
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kvlab.present.figures import drawing, save
+
+POLICY_STYLES = {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}
+PHASE_COLORS = {"waiting": "#d9d9d9", "prefill": "tab:orange", "decoding": "tab:blue"}
+
+TEXT = {
+    "en": {
+        "timeline_title": "One trace of {requests} requests served twice (each row a request, {slots} slots)",
+        "panel_static": "static batching: a batch of up to {slots} starts together and waits for its longest "
+                        "request; {steps} forward steps, slot utilisation {utilisation:.0%}",
+        "panel_continuous": "continuous batching: a request joins at the first free slot and leaves when done; "
+                            "{steps} forward steps, slot utilisation {utilisation:.0%}",
+        "waiting": "waiting (arrived, not admitted)",
+        "prefill": "prompt fed (first token drawn)",
+        "decoding": "decoding (one token a step)",
+        "preempted": "preempted (blocks taken back)",
+        "request": "request (by arrival)",
+        "blocks": "blocks\nin use",
+        "done_at": "last step {step}",
+        "engine_step": "engine step (a forward step, or a tick waiting for the next arrival: the same on every machine)",
+        "latency_title": "Latency against the request rate ({requests} requests a run; rates as in the "
+                         "PagedAttention paper's Fig. 12)",
+        "rate_fraction": "request rate, as a fraction of continuous batching's saturation throughput "
+                         "({saturation:.2f} requests/s here)",
+        "normalized_latency": "normalized latency (s per output token, mean)",
+        "ttft_p90": "time to first token, p90 (s)",
+        "normalized_title": "end-to-end latency per output token",
+        "ttft_title": "time to first token",
+        "policy_static": "static batching",
+        "policy_continuous": "continuous batching",
+        "saturation_continuous": "continuous saturates",
+        "saturation_static": "static saturates ({fraction:.2f})",
+        "cut_note": "open marker: cut at rate_max_seconds, only finished requests counted",
+    },
+    "ko": {
+        "timeline_title": "요청 {requests}개의 트레이스 하나를 두 번 서빙 (한 줄이 요청 하나, 슬롯 {slots}개)",
+        "panel_static": "정적 배칭: 최대 {slots}개가 함께 시작해 가장 긴 요청을 기다림; "
+                        "포워드 {steps}스텝, 슬롯 활용률 {utilisation:.0%}",
+        "panel_continuous": "연속 배칭: 빈 슬롯이 나면 바로 들어오고 끝나면 바로 나감; "
+                            "포워드 {steps}스텝, 슬롯 활용률 {utilisation:.0%}",
+        "waiting": "대기 (도착, 아직 입장 전)",
+        "prefill": "프롬프트 입력 (첫 토큰)",
+        "decoding": "디코딩 (스텝마다 토큰 하나)",
+        "preempted": "선점됨 (블록 회수)",
+        "request": "요청 (도착 순)",
+        "blocks": "사용 중\n블록",
+        "done_at": "마지막 스텝 {step}",
+        "engine_step": "엔진 스텝 (포워드 스텝 또는 다음 도착을 기다리는 틱: 어느 기계에서나 같음)",
+        "latency_title": "요청률에 따른 지연 (실행마다 요청 {requests}개; PagedAttention 논문 그림 12처럼)",
+        "rate_fraction": "요청률, 연속 배칭 포화 처리량에 대한 비율 (여기서는 초당 {saturation:.2f}개)",
+        "normalized_latency": "정규화 지연 (출력 토큰당 초, 평균)",
+        "ttft_p90": "첫 토큰까지 시간, p90 (초)",
+        "normalized_title": "출력 토큰당 종단 간 지연",
+        "ttft_title": "첫 토큰까지 시간",
+        "policy_static": "정적 배칭",
+        "policy_continuous": "연속 배칭",
+        "saturation_continuous": "연속 배칭 포화",
+        "saturation_static": "정적 배칭 포화 ({fraction:.2f})",
+        "cut_note": "빈 표식: rate_max_seconds에서 끊김, 끝난 요청만 셈",
+    },
+}
+
+
+def phases(request: dict) -> list[tuple[str, int, int]]:
+    """A request's life as (phase, first step, end step): waiting from its arrival (and again after each
+    preemption) to an admission, its prompt (or what it computes again) fed at the admission's step, then
+    decoding until its finish or the next preemption."""
+    spans = []
+    admissions = sorted(request["admissions"])
+    preemptions = sorted(request["preemptions"])
+    waiting_from = request["arrival"]
+    for index, admitted in enumerate(admissions):
+        spans.append(("waiting", waiting_from, admitted))
+        spans.append(("prefill", admitted, admitted + 1))
+        stopped = preemptions[index] if index < len(preemptions) else None
+        end = stopped if stopped is not None else (request["finish"] + 1 if request["finish"] is not None
+                                                   else admitted + 1)
+        spans.append(("decoding", admitted + 1, end))
+        waiting_from = stopped
+    return [span for span in spans if span[2] > span[1]]
+
+
+def serve_timeline(data: dict, path, language: str = "en") -> None:
+    """Static above continuous on one shared step axis: each request a row, coloured by phase, the
+    blocks in use at every forward step beneath each."""
+    timelines, summaries = data["timelines"], data["summaries"]
+    policies = ("static", "continuous")
+    requests = len(timelines["static"]["requests"])
+    slots = timelines["static"]["slots"]
+    with drawing(language, TEXT) as text:
+        fig, axes = plt.subplots(4, 1, figsize=(13, 3.2 + 0.42 * requests), sharex=True,
+                                 gridspec_kw={"height_ratios": [requests, 4, requests, 4]})
+        last = max(max(t["steps"]) for t in timelines.values() if t["steps"])
+        top_blocks = max(max(timelines[policy]["blocks_in_use"]) for policy in policies)
+        for number, policy in enumerate(policies):
+            line = timelines[policy]
+            rows_ax, blocks_ax = axes[2 * number], axes[2 * number + 1]
+            for y, request in enumerate(line["requests"]):
+                for phase, start, end in phases(request):
+                    rows_ax.barh(y, end - start, left=start, height=0.7, color=PHASE_COLORS[phase],
+                                 edgecolor="white", linewidth=0.3)
+                for step in request["preemptions"]:
+                    rows_ax.plot(step, y, "x", color="black", markersize=6)
+            rows_ax.set_ylim(requests - 0.5, -0.5)
+            rows_ax.set_yticks(range(requests))
+            rows_ax.tick_params(axis="y", labelsize=7)
+            rows_ax.set_ylabel(text("request"), fontsize=8)
+            summary = summaries[policy]
+            rows_ax.set_title(text(f"panel_{policy}", slots=slots, steps=summary["forward_steps"],
+                                   utilisation=summary["slot_utilisation"]), fontsize=9, loc="left")
+            finished = max(line["steps"])
+            for ax in (rows_ax, blocks_ax):
+                ax.axvline(finished + 1, color="black", linestyle="--", linewidth=0.8)
+            rows_ax.annotate(text("done_at", step=finished), (finished + 1, requests - 0.5), xytext=(3, 3),
+                             textcoords="offset points", fontsize=7, va="bottom")
+            blocks_ax.step(np.array(line["steps"]), line["blocks_in_use"], where="post", color="tab:green")
+            blocks_ax.fill_between(np.array(line["steps"]), line["blocks_in_use"], step="post", color="tab:green",
+                                   alpha=0.25)
+            blocks_ax.set_ylim(0, top_blocks * 1.15)
+            blocks_ax.set_ylabel(text("blocks"), fontsize=8)
+            blocks_ax.grid(True, axis="y", alpha=0.3)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[phase]) for phase in PHASE_COLORS]
+        labels = [text(phase) for phase in PHASE_COLORS]
+        if any(r["preemptions"] for policy in policies for r in timelines[policy]["requests"]):
+            handles.append(plt.Line2D([], [], marker="x", color="black", linestyle=""))
+            labels.append(text("preempted"))
+        axes[0].legend(handles, labels, fontsize=8, loc="lower right", ncol=len(labels), framealpha=0.9,
+                       bbox_to_anchor=(1.0, 1.12))
+        axes[-1].set_xlim(-0.5, last + 2)
+        axes[-1].set_xlabel(text("engine_step"))
+        fig.suptitle(text("timeline_title", requests=requests, slots=slots))
+        save(fig, path)
+
+
+def serve_latency(rows: list[dict], path, language: str = "en") -> None:
+    """Left: the paper's normalized latency (each request's end-to-end latency over its output tokens,
+    averaged) against the rate; right: the time to first token's p90. Both policies, the rates as
+    fractions of continuous batching's saturation throughput, each policy's saturation marked."""
+    saturation = next(row["rate_per_s"] / row["fraction"] for row in rows)
+    static_saturates = rows[0]["saturation_fraction_static"]
+    with drawing(language, TEXT) as text:
+        fig, (normalized_ax, ttft_ax) = plt.subplots(1, 2, figsize=(12, 4.6))
+        for policy, (color, marker) in POLICY_STYLES.items():
+            points = sorted((row for row in rows if row["policy"] == policy), key=lambda row: row["fraction"])
+            fractions = [row["fraction"] for row in points]
+            for ax, key in ((normalized_ax, "normalized_latency_s"), (ttft_ax, "ttft_p90_s")):
+                values = [row[key] for row in points]
+                ax.plot(fractions, values, f"{marker}-", color=color, label=text(f"policy_{policy}"))
+                cut = [(x, v) for x, v, row in zip(fractions, values, points) if row["cut"] and not math.isnan(v)]
+                if cut:
+                    ax.plot(*zip(*cut), marker, color="white", markeredgecolor=color, markersize=9)
+        for ax in (normalized_ax, ttft_ax):
+            ax.axvline(1.0, color="tab:blue", linestyle=":", linewidth=1, label=text("saturation_continuous"))
+            ax.axvline(static_saturates, color="tab:red", linestyle=":", linewidth=1,
+                       label=text("saturation_static", fraction=static_saturates))
+            ax.set_xlabel(text("rate_fraction", saturation=saturation), fontsize=8)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+        normalized_ax.set_ylabel(text("normalized_latency"))
+        normalized_ax.set_title(text("normalized_title"))
+        ttft_ax.set_ylabel(text("ttft_p90"))
+        ttft_ax.set_title(text("ttft_title"))
+        normalized_ax.legend(fontsize=8, loc="upper left")
+        if any(row["cut"] for row in rows):
+            fig.text(0.01, 0.01, text("cut_note"), fontsize=7)
+        fig.suptitle(text("latency_title", requests=rows[0]["requests"]))
+        save(fig, path)
