@@ -234,7 +234,7 @@ def test_english_report_keeps_the_headings(built, course, tmp_path):
     assert dry_run_jobs(built, "results/report.md", config=config) == {
         "report": 1, "figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
         "figure_temperature_effect": 1, "figure_compare": 1, "figure_batch": 1, "figure_kv_waste": 1,
-        "figure_step_anatomy": 1}
+        "figure_step_anatomy": 1, "figure_serve_timeline": 1, "figure_serve_latency": 1}
     snakemake(built, "results/report.md", config=config)
     report = (built / "results" / "report.md").read_text(encoding="utf-8")
     for heading in ("## KV 캐시", "## 온도", "## top-p"):
