@@ -105,9 +105,12 @@ def spaced(trace: list[TraceRequest], max_tokens: int) -> list[TraceRequest]:
             for index, request in enumerate(trace)]
 
 
-def at_rate(trace: list[TraceRequest], rate_per_s: float, seed: int) -> list[TraceRequest]:
-    """The same requests arriving at Poisson times of `rate_per_s` a second; `rate_per_s` None: all at 0."""
-    arrivals = poisson_arrivals(len(trace), rate_per_s, random.Random(seed)) if rate_per_s else [0.0] * len(trace)
+def at_rate(trace: list[TraceRequest], rate_per_s: float | None, seed: int) -> list[TraceRequest]:
+    """The same requests arriving at Poisson times of `rate_per_s` a second (None: all at 0). One seed
+    gives one pattern of arrivals at every rate, only compressed or stretched in time, so two rates
+    differ by their rate alone."""
+    unit = poisson_arrivals(len(trace), 1.0, random.Random(seed))
+    arrivals = [at / rate_per_s for at in unit] if rate_per_s else [0.0] * len(trace)
     return [TraceRequest(request.prompt, request.params, arrival_s=arrival) for request, arrival in zip(trace, arrivals)]
 
 
@@ -589,9 +592,9 @@ def rate_row(run: Run, fraction: float, rate_per_s: float) -> dict:
 
 def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: dict) -> tuple[list[dict], dict]:
     """Latency against the request rate, static and continuous, on the trace's requests: first each
-    policy's saturation throughput (the requests all queued at once, served as fast as it can), then they
-    arriving at Poisson times at each fraction of continuous's saturation rate (requests a second),
-    each run bounded by the trace's count and by `rate_max_seconds`."""
+    policy's saturation throughput (the requests all queued at once, served as fast as it can), then the
+    same requests arriving at Poisson times at each fraction of continuous's saturation rate (requests a second; one
+    pattern of arrivals, scaled), each run bounded by the trace's count and by `rate_max_seconds`."""
     s = settings
     check_block_size(model, s["block_size"])
     trace = main_trace(prompts, s, None)
@@ -608,7 +611,7 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
     rows, runs = [], []
     for index, fraction in enumerate(s["rate_fractions"]):
         rate = fraction * base
-        arriving = at_rate(trace, rate, s["seed"] + index)
+        arriving = at_rate(trace, rate, s["seed"])
         for policy in POLICIES if index % 2 == 0 else POLICIES[::-1]:
             run = serve(model, arriving, roomy[policy], f"{policy} at {fraction:g} x saturation",
                         max_seconds=s["rate_max_seconds"])

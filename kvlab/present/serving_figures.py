@@ -32,7 +32,7 @@ TEXT = {
         "decoding": "decoding (one token a step)",
         "preempted": "preempted (blocks taken back)",
         "request": "request (by arrival)",
-        "blocks": "blocks\nin use",
+        "blocks": "blocks in use",
         "done_at": "last step {step}",
         "engine_step": "engine step (a forward step, or a tick waiting for the next arrival: the same on every machine)",
         "latency_title": "Latency against the request rate ({requests} requests a run; rates as in the "
@@ -60,7 +60,7 @@ TEXT = {
         "decoding": "디코딩 (스텝마다 토큰 하나)",
         "preempted": "선점됨 (블록 회수)",
         "request": "요청 (도착 순)",
-        "blocks": "사용 중\n블록",
+        "blocks": "사용 중 블록",
         "done_at": "마지막 스텝 {step}",
         "engine_step": "엔진 스텝 (포워드 스텝 또는 다음 도착을 기다리는 틱: 어느 기계에서나 같음)",
         "latency_title": "요청률에 따른 지연 (실행마다 요청 {requests}개; PagedAttention 논문 그림 12처럼)",
@@ -130,11 +130,13 @@ def serve_timeline(data: dict, path, language: str = "en") -> None:
                 ax.axvline(finished + 1, color="black", linestyle="--", linewidth=0.8)
             rows_ax.annotate(text("done_at", step=finished), (finished + 1, requests - 0.5), xytext=(3, 3),
                              textcoords="offset points", fontsize=7, va="bottom")
-            blocks_ax.step(np.array(line["steps"]), line["blocks_in_use"], where="post", color="tab:green")
-            blocks_ax.fill_between(np.array(line["steps"]), line["blocks_in_use"], step="post", color="tab:green",
-                                   alpha=0.25)
+            # each step's blocks held through that step: the last one to the end of its step
+            steps = np.array([*line["steps"], finished + 1])
+            blocks = [*line["blocks_in_use"], line["blocks_in_use"][-1]]
+            blocks_ax.step(steps, blocks, where="post", color="tab:green")
+            blocks_ax.fill_between(steps, blocks, step="post", color="tab:green", alpha=0.25)
             blocks_ax.set_ylim(0, top_blocks * 1.15)
-            blocks_ax.set_ylabel(text("blocks"), fontsize=8)
+            blocks_ax.set_ylabel(text("blocks"), fontsize=7)
             blocks_ax.grid(True, axis="y", alpha=0.3)
         handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[phase]) for phase in PHASE_COLORS]
         labels = [text(phase) for phase in PHASE_COLORS]
