@@ -117,14 +117,16 @@ def test_the_memory_table_replays_kv_wastes_policies_beside_the_engine(measured)
 
 def test_the_timing_table_has_every_quantity_with_its_interval(measured):
     rows = {(row["comparison"], row["quantity"]): row for row in measured["timing"]}
-    for quantity in ("throughput", "wall", "ttft_p50", "ttft_p90", "ttft_max", "tpot_p50", "latency_p90",
-                     "latency_max", "scheduler_share", "forward_share", "step_fixed", "step_per_row"):
+    for quantity in ("throughput", "wall", "throughput_cpu", "ttft_p50", "ttft_p90", "ttft_max", "tpot_p50",
+                     "latency_p90", "latency_max", "scheduler_share", "forward_share", "cpu_share", "step_fixed",
+                     "step_per_row"):
         assert ("continuous vs static", quantity) in rows, quantity
     throughput = rows["continuous vs static", "throughput"]
     assert throughput["ratio_low"] <= throughput["ratio"] <= throughput["ratio_high"]
     assert throughput["ratio"] == pytest.approx(rows["continuous vs static", "wall"]["ratio"])  # the same tokens
     assert math.isnan(rows["continuous vs static", "scheduler_share"]["ratio"])
     assert 0 < rows["continuous vs static", "scheduler_share"]["subject_median"] < 1
+    assert 0 < rows["continuous vs static", "cpu_share"]["subject_median"] <= 1.05
     prefix = rows["prefix cache on vs off", "ttft_p50"]
     assert (prefix["baseline"], prefix["subject"]) == ("cache off", "cache on") and prefix["ratio"] > 0
 

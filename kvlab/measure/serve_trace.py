@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import math
 import random
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -167,6 +168,8 @@ class Run:
     schedule_s: list[float] = field(default_factory=list)
     forward_s: list[float] = field(default_factory=list)
     watch_s: float = 0.0  # spent in `watch`, inside the steps: taken off their seconds
+    cpu_s: float = 0.0  # the process's CPU seconds in the forward steps: under their wall time, it waited
+    involuntary_switches: int = 0  # times the system took the CPU from the process during the run
     started: float = 0.0
     cut: bool = False  # stopped by the time bound with requests unfinished
 
@@ -228,20 +231,23 @@ def serve(model: MiniMindForCausalLM, trace: list[TraceRequest], config: Serving
         return out
 
     engine.scheduler.schedule, engine.runner.forward = timed_schedule, timed_forward
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
     run.started = time.perf_counter()
     while engine.has_unfinished():
         if max_seconds is not None and time.perf_counter() - run.started > max_seconds:
             run.cut = True
             break
         steps, watched = len(engine.stats.steps), run.watch_s
-        begun = time.perf_counter()
+        begun, begun_cpu = time.perf_counter(), time.process_time()
         engine.step()
         seconds = time.perf_counter() - begun - (run.watch_s - watched)
         if len(engine.stats.steps) > steps:  # a forward step, not a wait for an arrival
             run.step_s.append(seconds)
+            run.cpu_s += time.process_time() - begun_cpu
         else:
             run.schedule_s.pop()  # the scheduler found nothing to run: a wait, not a step
     engine.stats.wall_s = run.wall_s
+    run.involuntary_switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches
     run.outputs = [request.output() for request in engine.requests]
     return run
 
@@ -354,13 +360,16 @@ def run_timings(run: Run) -> dict:
     """A run's times: its forward steps' wall time, the answered tokens a second, the latencies, each
     step's seconds split (in the scheduler, in the forward, the rest: drawing and bookkeeping), and the
     least-squares line of a step's seconds against the rows it ran (`step_fixed_s` + `step_per_row_s` x
-    rows: what a step costs whatever it runs, and what each row adds)."""
+    rows: what a step costs whatever it runs, and what each row adds); and the process's CPU seconds in
+    the steps, whose share of their wall time says whether it waited for the CPU (pyperf's warning)."""
     tokens = sum(len(sample) for output in run.outputs for sample in output.samples)
     wall = run.wall_s
     scheduler, forward = sum(run.schedule_s), sum(run.forward_s)
     rows = [held["rows"] for held in run.held]
     per_row, fixed = np.polyfit(rows, run.step_s, 1) if len(set(rows)) > 1 else (math.nan, float(np.mean(run.step_s)))
     return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "forward_steps": len(run.step_s),
+            "cpu_s": run.cpu_s, "tokens_per_cpu_s": tokens / run.cpu_s, "cpu_share": run.cpu_s / wall,
+            "involuntary_switches": run.involuntary_switches,
             "scheduler_s": scheduler, "forward_s": forward, "rest_s": wall - scheduler - forward,
             "scheduler_share": scheduler / wall, "forward_share": forward / wall, "step_fixed_s": float(fixed),
             "step_per_row_s": float(per_row), **latency_percentiles(run.outputs)}
@@ -397,13 +406,17 @@ def timing_rows(times: dict[str, list[dict]], prefix_ttft: dict[str, list[float]
     rows = [compared("continuous vs static", "throughput", "tokens/s", names,
                      (column("static", "tokens_per_s"), column("continuous", "tokens_per_s")), higher_is_better=True),
             compared("continuous vs static", "wall", "s", names, (column("static", "wall_s"),
-                                                                  column("continuous", "wall_s")))]
+                                                                  column("continuous", "wall_s"))),
+            # the same from the CPU seconds the process ran: steadier when other work shares the CPU
+            compared("continuous vs static", "throughput_cpu", "tokens/CPU s", names,
+                     (column("static", "tokens_per_cpu_s"), column("continuous", "tokens_per_cpu_s")),
+                     higher_is_better=True)]
     for name in LATENCIES:
         for label, _ in PERCENTILES:
             key = f"{name.removesuffix('_s')}_{label}_s"
             rows.append(compared("continuous vs static", key.removesuffix("_s"), "s", names,
                                  (column("static", key), column("continuous", key))))
-    for key in ("scheduler_share", "forward_share"):
+    for key in ("scheduler_share", "forward_share", "cpu_share"):
         rows.append(compared("continuous vs static", key, "share", names,
                              (column("static", key), column("continuous", key)), ratio_of=False))
     for key in ("step_fixed_s", "step_per_row_s"):
@@ -587,7 +600,9 @@ def rate_row(run: Run, fraction: float, rate_per_s: float) -> dict:
             # the PagedAttention paper's normalized latency (its Fig. 12): each request's end-to-end
             # latency over its output tokens, averaged over the requests
             "normalized_latency_s": float(np.mean(normalized)) if normalized else math.nan,
-            **latency_percentiles(run.outputs)}
+            **latency_percentiles(run.outputs),
+            # under 1: the process waited for the CPU during its steps (other work shared it)
+            "cpu_share": run.cpu_s / run.wall_s if run.step_s else math.nan}
 
 
 def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: dict) -> tuple[list[dict], dict]:

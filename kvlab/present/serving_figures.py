@@ -18,6 +18,8 @@ import numpy as np
 from kvlab.present.figures import drawing, save
 
 POLICY_STYLES = {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}
+# A run whose process had the CPU for less of its steps' time than this waited for it (pyperf warns so).
+WAITED_BELOW = 0.9
 PHASE_COLORS = {"waiting": "#d9d9d9", "prefill": "tab:orange", "decoding": "tab:blue"}
 
 TEXT = {
@@ -48,6 +50,8 @@ TEXT = {
         "saturation_continuous": "continuous saturates",
         "saturation_static": "static saturates ({fraction:.2f})",
         "cut_note": "open marker: cut at rate_max_seconds, only finished requests counted",
+        "waited_note": "the process had the CPU only {share:.0%} of its steps' time in some runs: other work shared "
+                       "the machine, so these times are noisy",
     },
     "ko": {
         "timeline_title": "요청 {requests}개의 트레이스 하나를 두 번 서빙 (한 줄이 요청 하나, 슬롯 {slots}개)",
@@ -74,6 +78,8 @@ TEXT = {
         "saturation_continuous": "연속 배칭 포화",
         "saturation_static": "정적 배칭 포화 ({fraction:.2f})",
         "cut_note": "빈 표식: rate_max_seconds에서 끊김, 끝난 요청만 셈",
+        "waited_note": "어떤 실행에서는 스텝 시간의 {share:.0%}만 CPU를 썼음: 다른 작업이 기계를 함께 써서 "
+                       "시간이 흔들림",
     },
 }
 
@@ -180,7 +186,11 @@ def serve_latency(rows: list[dict], path, language: str = "en") -> None:
         ttft_ax.set_ylabel(text("ttft_p90"))
         ttft_ax.set_title(text("ttft_title"))
         normalized_ax.legend(fontsize=8, loc="upper left")
-        if any(row["cut"] for row in rows):
-            fig.text(0.01, 0.01, text("cut_note"), fontsize=7)
+        notes = [text("cut_note")] if any(row["cut"] for row in rows) else []
+        least = min((row["cpu_share"] for row in rows if not math.isnan(row["cpu_share"])), default=1.0)
+        if least < WAITED_BELOW:
+            notes.append(text("waited_note", share=least))
+        if notes:
+            fig.text(0.01, 0.005, "; ".join(notes), fontsize=7)
         fig.suptitle(text("latency_title", requests=rows[0]["requests"]))
         save(fig, path)
