@@ -147,18 +147,24 @@ def test_the_timeline_and_the_events_say_what_happened_when(measured):
 
 
 def test_the_rate_sweep_measures_saturation_then_each_fraction(model):
-    settings = SETTINGS | {"requests": 4, "max_tokens_max": 4, "rate_fractions": [2.0, 4.0]}
+    settings = SETTINGS | {"requests": 4, "max_tokens_max": 4, "rate_fractions": [0.5, 2.0]}
     rows, runs = serve_trace.rate_sweep(model, bos_prompts(4), settings)
     assert [(row["policy"], row["fraction"]) for row in rows] == [(p, f) for p in ("static", "continuous")
-                                                                  for f in (2.0, 4.0)]
-    saturation = runs["saturation"]["continuous"]["requests_per_s"]
-    assert all(row["rate_per_s"] == pytest.approx(row["fraction"] * saturation) for row in rows)
-    assert all(row["finished"] == 4 and not row["cut"] and row["normalized_latency_s"] > 0 for row in rows)
-    # a run bounded in time: requests arriving a second apart, stopped after a tenth of one
-    cut = serve_trace.serve(model, serve_trace.at_rate(serve_trace.main_trace(bos_prompts(4), settings, None),
-                                                       1.0, 0),
-                            serve_trace.engine_config(settings, "continuous"), "bounded", max_seconds=0.1)
-    assert cut.cut and serve_trace.rate_row(cut, 0.1, 1.0)["finished"] < 4
+                                                                  for f in (0.5, 2.0)]
+    saturation = runs["saturation"]
+    per_step = saturation["continuous"]["requests_per_step"]
+    assert per_step == 4 / saturation["continuous"]["forward_steps"]
+    assert rows[0]["saturation_fraction_static"] == pytest.approx(saturation["static"]["requests_per_step"] / per_step)
+    assert all(row["rate_per_step"] == pytest.approx(row["fraction"] * per_step) for row in rows)
+    for row in rows:
+        assert row["finished"] == 4 and not row["cut"], row
+        # a request never kept waiting spends one step a token; none can do better
+        assert row["normalized_latency_steps"] >= 1 and row["normalized_latency_s"] > 0
+        assert 1 <= row["ttft_p50_steps"] <= row["ttft_p90_steps"] <= row["latency_p90_steps"]
+    # a run bounded in time keeps what finished
+    cut = serve_trace.serve(model, serve_trace.main_trace(bos_prompts(4), settings, 0.5),
+                            serve_trace.engine_config(settings, "continuous"), "bounded", max_seconds=0.0)
+    assert cut.cut and serve_trace.rate_row(cut, 0.1, 0.5)["finished"] < 4
 
 
 # --- one-line refusals ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Continuous batching against static batching, on one seeded trace of requests (kvlab.serving).
 
 A trace is a list of requests, each a validation document's prompt (cut to a seeded length), a seeded
-`max_tokens`, greedy or sampled with a seed of its own, and an arrival: a forward step of the engine's
-clock (Poisson gaps), or for the rate sweep a second. Every request runs to its `max_tokens` (no eos),
+`max_tokens`, greedy or sampled with a seed of its own, and an arrival: a step of the engine's clock
+(Poisson gaps). Every request runs to its `max_tokens` (no eos),
 so how long it runs is the trace's alone: the counts below are the same on every machine.
 
 Served both ways by the same engine, with the same slots, blocks and token budget:
@@ -54,13 +54,12 @@ class TraceRequest:
     prompt: list[int]
     params: SamplingParams
     arrival_step: int = 0
-    arrival_s: float | None = None
 
     def record(self, index: int) -> dict:
         """What the trace's files say of it."""
         return {"request": index, "prompt_len": len(self.prompt), "max_tokens": self.params.max_tokens,
                 "n": self.params.n, "seed": self.params.seed, "greedy": not self.params.do_sample,
-                "arrival_step": self.arrival_step, "arrival_s": self.arrival_s}
+                "arrival_step": self.arrival_step}
 
 
 def poisson_arrivals(count: int, rate: float, rng: random.Random) -> list[float]:
@@ -104,15 +103,6 @@ def spaced(trace: list[TraceRequest], max_tokens: int) -> list[TraceRequest]:
     return [TraceRequest(request.prompt, dataclasses.replace(request.params, max_tokens=max_tokens),
                          arrival_step=index * (max_tokens + 1))
             for index, request in enumerate(trace)]
-
-
-def at_rate(trace: list[TraceRequest], rate_per_s: float | None, seed: int) -> list[TraceRequest]:
-    """The same requests arriving at Poisson times of `rate_per_s` a second (None: all at 0). One seed
-    gives one pattern of arrivals at every rate, only compressed or stretched in time, so two rates
-    differ by their rate alone."""
-    unit = poisson_arrivals(len(trace), 1.0, random.Random(seed))
-    arrivals = [at / rate_per_s for at in unit] if rate_per_s else [0.0] * len(trace)
-    return [TraceRequest(request.prompt, request.params, arrival_s=arrival) for request, arrival in zip(trace, arrivals)]
 
 
 # --- generate alone --------------------------------------------------------------------------------
@@ -209,8 +199,7 @@ def serve(model: MiniMindForCausalLM, trace: list[TraceRequest], config: Serving
     `max_seconds` bounds the run (a cut run keeps what finished)."""
     engine = ServingEngine(model, config)
     for request in trace:
-        engine.add_request(request.prompt, request.params, arrival_step=request.arrival_step,
-                           arrival_s=request.arrival_s)
+        engine.add_request(request.prompt, request.params, arrival_step=request.arrival_step)
     run = Run(name, config, [], engine.stats)
     schedule, forward = engine.scheduler.schedule, engine.runner.forward
 
@@ -587,55 +576,76 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
 # --- latency against the request rate ---------------------------------------------------------------
 
 
-def rate_row(run: Run, fraction: float, rate_per_s: float) -> dict:
-    """One row of serve_rates.csv: a run of the trace arriving at `rate_per_s` requests a second."""
+def step_latencies(output: RequestOutput) -> dict:
+    """A finished request's latencies in forward steps of the engine's clock, each counting the step it
+    ends in: to its first token (its prefill included), and end to end."""
+    steps = {}
+    for event in output.events:
+        steps.setdefault(event.kind, event.step)
+    return {"ttft": steps["first_token"] - steps["arrival"] + 1, "latency": steps["finish"] - steps["arrival"] + 1}
+
+
+def rate_row(run: Run, fraction: float, rate_per_step: float) -> dict:
+    """One row of serve_rates.csv: a run of the trace arriving at `rate_per_step` requests a forward step.
+    The PagedAttention paper's normalized latency (its Fig. 12: each request's end-to-end latency over its
+    output tokens, averaged over the requests) in steps, exact (1.0: no request was ever kept waiting),
+    and in seconds on this machine."""
     finished = [output for output in run.outputs if output_finished(output)]
-    tokens = sum(len(sample) for output in finished for sample in output.samples)
-    ends = [output.events[-1].time for output in finished]
-    duration = (max(ends) - run.started) if ends else math.nan
-    normalized = [output.latency_s / sum(len(sample) for sample in output.samples) for output in finished]
-    return {"fraction": fraction, "rate_per_s": rate_per_s, "policy": run.config.policy,
-            "requests": len(run.outputs), "finished": len(finished), "cut": run.cut, "duration_s": duration,
-            "tokens_per_s": tokens / duration if finished else math.nan,
-            # the PagedAttention paper's normalized latency (its Fig. 12): each request's end-to-end
-            # latency over its output tokens, averaged over the requests
-            "normalized_latency_s": float(np.mean(normalized)) if normalized else math.nan,
-            **latency_percentiles(run.outputs),
-            # under 1: the process waited for the CPU during its steps (other work shared it)
-            "cpu_share": run.cpu_s / run.wall_s if run.step_s else math.nan}
+    tokens = [sum(len(sample) for sample in output.samples) for output in finished]
+    in_steps = [step_latencies(output) for output in finished]
+    row = {"fraction": fraction, "rate_per_step": rate_per_step, "policy": run.config.policy,
+           "requests": len(run.outputs), "finished": len(finished), "cut": run.cut,
+           "forward_steps": run.stats.forward_steps, "last_step": run.stats.steps[-1].step if run.stats.steps else 0}
+    row["normalized_latency_steps"] = (float(np.mean([s["latency"] / t for s, t in zip(in_steps, tokens)]))
+                                       if finished else math.nan)
+    for name in ("ttft", "latency"):
+        values = [s[name] for s in in_steps]
+        for label, q in PERCENTILES[:2]:
+            row[f"{name}_{label}_steps"] = float(np.percentile(values, q)) if values else math.nan
+    row["normalized_latency_s"] = (float(np.mean([o.latency_s / t for o, t in zip(finished, tokens)]))
+                                   if finished else math.nan)
+    row.update(latency_percentiles(run.outputs))
+    row["tokens_per_s"] = sum(tokens) / run.wall_s if run.step_s else math.nan
+    # under 1: the process waited for the CPU during its steps (other work shared it)
+    row["cpu_share"] = run.cpu_s / run.wall_s if run.step_s else math.nan
+    return row
 
 
 def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: dict) -> tuple[list[dict], dict]:
-    """Latency against the request rate, static and continuous, on the trace's requests: first each
-    policy's saturation throughput (the requests all queued at once, served as fast as it can), then the
-    same requests arriving at Poisson times at each fraction of continuous's saturation rate (requests a second; one
-    pattern of arrivals, scaled), each run bounded by the trace's count and by `rate_max_seconds`."""
+    """Latency against the request rate, static and continuous, on the trace's requests. First each
+    policy's saturation throughput: the requests all queued at step 0, served as fast as it can, in
+    requests a forward step (exact; the seconds it took beside). Then the same requests arriving at
+    Poisson steps at each fraction of continuous's saturation rate (one pattern of arrivals, scaled), each
+    run bounded by the trace's count and by `rate_max_seconds`. On the step clock the latencies are the
+    schedule's alone, the same on every machine; their seconds say what this machine made of them."""
     s = settings
     check_block_size(model, s["block_size"])
-    trace = main_trace(prompts, s, None)
+    queued = main_trace(prompts, s, None)
     roomy = {policy: engine_config(s, policy) for policy in POLICIES}
-    check_fits(trace, roomy["continuous"], "extras.serving.num_blocks")
+    check_fits(queued, roomy["continuous"], "extras.serving.num_blocks")
     saturation = {}
     for policy in POLICIES:
-        run = serve(model, at_rate(trace, None, s["seed"]), roomy[policy], f"{policy}, all at once")
-        tokens = sum(len(sample) for output in run.outputs for sample in output.samples)
-        saturation[policy] = {"requests_per_s": len(trace) / run.wall_s, "tokens_per_s": tokens / run.wall_s,
-                              "wall_s": run.wall_s, "forward_steps": run.stats.forward_steps}
-        log.info("%s, all at once: %.3f s, %.2f requests/s", policy, run.wall_s, saturation[policy]["requests_per_s"])
-    base = saturation["continuous"]["requests_per_s"]
+        run = serve(model, queued, roomy[policy], f"{policy}, all at once")
+        saturation[policy] = {"requests_per_step": len(queued) / run.stats.forward_steps,
+                              "forward_steps": run.stats.forward_steps, "wall_s": run.wall_s,
+                              "requests_per_s": len(queued) / run.wall_s, "cpu_share": run.cpu_s / run.wall_s}
+        log.info("%s, all at once: %d forward steps (%.3f requests a step), %.3f s", policy, run.stats.forward_steps,
+                 saturation[policy]["requests_per_step"], run.wall_s)
+    base = saturation["continuous"]["requests_per_step"]
+    static_saturates = saturation["static"]["requests_per_step"] / base
     rows, runs = [], []
     for index, fraction in enumerate(s["rate_fractions"]):
         rate = fraction * base
-        arriving = at_rate(trace, rate, s["seed"])
+        arriving = main_trace(prompts, s, rate)
         for policy in POLICIES if index % 2 == 0 else POLICIES[::-1]:
             run = serve(model, arriving, roomy[policy], f"{policy} at {fraction:g} x saturation",
                         max_seconds=s["rate_max_seconds"])
-            rows.append(rate_row(run, fraction, rate) | {"saturation_fraction_static":
-                                                         saturation["static"]["requests_per_s"] / base})
-            runs.append({"run": run.name, "fraction": fraction, "rate_per_s": rate, "policy": policy,
+            rows.append(rate_row(run, fraction, rate) | {"saturation_fraction_static": static_saturates})
+            runs.append({"run": run.name, "fraction": fraction, "rate_per_step": rate, "policy": policy,
                          "cut": run.cut, "requests": request_records(run, arriving, None)})
-            log.info("%s: %d of %d finished, normalized latency %.4f s/token%s", run.name, rows[-1]["finished"],
-                     len(trace), rows[-1]["normalized_latency_s"], " (cut by rate_max_seconds)" if run.cut else "")
+            log.info("%s: %d of %d finished, normalized latency %.2f steps (%.4f s) a token%s", run.name,
+                     rows[-1]["finished"], len(queued), rows[-1]["normalized_latency_steps"],
+                     rows[-1]["normalized_latency_s"], " (cut by rate_max_seconds)" if run.cut else "")
     rows.sort(key=lambda row: (POLICIES.index(row["policy"]), row["fraction"]))
     return rows, {"saturation": saturation, "rate_fractions": list(s["rate_fractions"]),
                   "rate_max_seconds": s["rate_max_seconds"], "runs": runs}

@@ -5,7 +5,8 @@ text in its metadata.
   serve_timeline  the trace served twice, static above continuous: each request a row (waiting, its
                   prompt fed, decoding), the blocks in use beneath, on the engine's step clock
   serve_latency   latency against the request rate, both policies, the rates as fractions of the
-                  saturation throughput measured first (the PagedAttention paper's Fig. 12 shape)
+                  saturation throughput measured first (the PagedAttention paper's Fig. 12 shape), in
+                  engine steps (exact) and in seconds (this machine)
 """
 
 from __future__ import annotations
@@ -37,21 +38,21 @@ TEXT = {
         "blocks": "blocks in use",
         "done_at": "last step {step}",
         "engine_step": "engine step (a forward step, or a tick waiting for the next arrival: the same on every machine)",
-        "latency_title": "Latency against the request rate ({requests} requests a run; rates as in the "
-                         "PagedAttention paper's Fig. 12)",
-        "rate_fraction": "request rate, as a fraction of continuous batching's saturation throughput "
-                         "({saturation:.2f} requests/s here)",
-        "normalized_latency": "normalized latency (s per output token, mean)",
-        "ttft_p90": "time to first token, p90 (s)",
-        "normalized_title": "end-to-end latency per output token",
-        "ttft_title": "time to first token",
+        "latency_title": "Latency against the request rate ({requests} requests a run, arriving at Poisson steps; "
+                         "as the PagedAttention paper's Fig. 12)",
+        "rate_fraction": "request rate / continuous batching's saturation throughput ({saturation:.3f} requests a step)",
+        "normalized_steps": "forward steps per output token (mean over requests)",
+        "normalized_seconds": "seconds per output token (mean over requests)",
+        "steps_title": "normalized latency in engine steps (exact, any machine)",
+        "seconds_title": "normalized latency in seconds (this machine)",
+        "never_waiting": "1 step a token: never kept waiting",
         "policy_static": "static batching",
         "policy_continuous": "continuous batching",
         "saturation_continuous": "continuous saturates",
         "saturation_static": "static saturates ({fraction:.2f})",
         "cut_note": "open marker: cut at rate_max_seconds, only finished requests counted",
-        "waited_note": "the process had the CPU only {share:.0%} of its steps' time in some runs: other work shared "
-                       "the machine, so these times are noisy",
+        "waited_note": "in some runs the process had the CPU for only {share:.0%} of its steps' time:\n"
+                       "other work shared the machine, so these seconds are noisy",
     },
     "ko": {
         "timeline_title": "요청 {requests}개의 트레이스 하나를 두 번 서빙 (한 줄이 요청 하나, 슬롯 {slots}개)",
@@ -67,19 +68,21 @@ TEXT = {
         "blocks": "사용 중 블록",
         "done_at": "마지막 스텝 {step}",
         "engine_step": "엔진 스텝 (포워드 스텝 또는 다음 도착을 기다리는 틱: 어느 기계에서나 같음)",
-        "latency_title": "요청률에 따른 지연 (실행마다 요청 {requests}개; PagedAttention 논문 그림 12처럼)",
-        "rate_fraction": "요청률, 연속 배칭 포화 처리량에 대한 비율 (여기서는 초당 {saturation:.2f}개)",
-        "normalized_latency": "정규화 지연 (출력 토큰당 초, 평균)",
-        "ttft_p90": "첫 토큰까지 시간, p90 (초)",
-        "normalized_title": "출력 토큰당 종단 간 지연",
-        "ttft_title": "첫 토큰까지 시간",
+        "latency_title": "요청률에 따른 지연 (실행마다 요청 {requests}개가 푸아송 스텝에 도착; "
+                         "PagedAttention 논문 그림 12처럼)",
+        "rate_fraction": "요청률 / 연속 배칭 포화 처리량 (스텝당 요청 {saturation:.3f}개)",
+        "normalized_steps": "출력 토큰당 포워드 스텝 (요청 평균)",
+        "normalized_seconds": "출력 토큰당 초 (요청 평균)",
+        "steps_title": "엔진 스텝으로 잰 정규화 지연 (정확, 어느 기계에서나)",
+        "seconds_title": "초로 잰 정규화 지연 (이 기계)",
+        "never_waiting": "토큰당 1스텝: 한 번도 기다리지 않음",
         "policy_static": "정적 배칭",
         "policy_continuous": "연속 배칭",
         "saturation_continuous": "연속 배칭 포화",
         "saturation_static": "정적 배칭 포화 ({fraction:.2f})",
         "cut_note": "빈 표식: rate_max_seconds에서 끊김, 끝난 요청만 셈",
-        "waited_note": "어떤 실행에서는 스텝 시간의 {share:.0%}만 CPU를 썼음: 다른 작업이 기계를 함께 써서 "
-                       "시간이 흔들림",
+        "waited_note": "어떤 실행에서는 스텝 시간의 {share:.0%}만 CPU를 썼음:\n"
+                       "다른 작업이 기계를 함께 써서 이 초 값은 흔들림",
     },
 }
 
@@ -158,39 +161,42 @@ def serve_timeline(data: dict, path, language: str = "en") -> None:
 
 
 def serve_latency(rows: list[dict], path, language: str = "en") -> None:
-    """Left: the paper's normalized latency (each request's end-to-end latency over its output tokens,
-    averaged) against the rate; right: the time to first token's p90. Both policies, the rates as
-    fractions of continuous batching's saturation throughput, each policy's saturation marked."""
-    saturation = next(row["rate_per_s"] / row["fraction"] for row in rows)
+    """The paper's normalized latency (each request's end-to-end latency over its output tokens, averaged)
+    against the request rate, both policies, the rates as fractions of continuous batching's saturation
+    throughput, each policy's saturation marked. Left: in forward steps, exact (1: never kept waiting);
+    right: in seconds, on this machine."""
+    saturation = next(row["rate_per_step"] / row["fraction"] for row in rows)
     static_saturates = rows[0]["saturation_fraction_static"]
     with drawing(language, TEXT) as text:
-        fig, (normalized_ax, ttft_ax) = plt.subplots(1, 2, figsize=(12, 4.6))
+        fig, (steps_ax, seconds_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
         for policy, (color, marker) in POLICY_STYLES.items():
             points = sorted((row for row in rows if row["policy"] == policy), key=lambda row: row["fraction"])
             fractions = [row["fraction"] for row in points]
-            for ax, key in ((normalized_ax, "normalized_latency_s"), (ttft_ax, "ttft_p90_s")):
+            for ax, key in ((steps_ax, "normalized_latency_steps"), (seconds_ax, "normalized_latency_s")):
                 values = [row[key] for row in points]
                 ax.plot(fractions, values, f"{marker}-", color=color, label=text(f"policy_{policy}"))
                 cut = [(x, v) for x, v, row in zip(fractions, values, points) if row["cut"] and not math.isnan(v)]
                 if cut:
                     ax.plot(*zip(*cut), marker, color="white", markeredgecolor=color, markersize=9)
-        for ax in (normalized_ax, ttft_ax):
+        steps_ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label=text("never_waiting"))
+        for ax in (steps_ax, seconds_ax):
             ax.axvline(1.0, color="tab:blue", linestyle=":", linewidth=1, label=text("saturation_continuous"))
             ax.axvline(static_saturates, color="tab:red", linestyle=":", linewidth=1,
                        label=text("saturation_static", fraction=static_saturates))
             ax.set_xlabel(text("rate_fraction", saturation=saturation), fontsize=8)
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
-        normalized_ax.set_ylabel(text("normalized_latency"))
-        normalized_ax.set_title(text("normalized_title"))
-        ttft_ax.set_ylabel(text("ttft_p90"))
-        ttft_ax.set_title(text("ttft_title"))
-        normalized_ax.legend(fontsize=8, loc="upper left")
+        steps_ax.set_ylabel(text("normalized_steps"))
+        steps_ax.set_title(text("steps_title"))
+        seconds_ax.set_ylabel(text("normalized_seconds"))
+        seconds_ax.set_title(text("seconds_title"))
+        steps_ax.legend(fontsize=8, loc="lower right")
         notes = [text("cut_note")] if any(row["cut"] for row in rows) else []
         least = min((row["cpu_share"] for row in rows if not math.isnan(row["cpu_share"])), default=1.0)
         if least < WAITED_BELOW:
             notes.append(text("waited_note", share=least))
-        if notes:
-            fig.text(0.01, 0.005, "; ".join(notes), fontsize=7)
+        if notes:  # about the times: inside the seconds' panel, under its curves
+            seconds_ax.text(0.02, 0.02, "\n".join(notes), transform=seconds_ax.transAxes, fontsize=7, va="bottom",
+                            color="dimgray", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
         fig.suptitle(text("latency_title", requests=rows[0]["requests"]))
         save(fig, path)
