@@ -154,7 +154,7 @@ def serve_timeline(data: dict, path, language: str = "en") -> None:
             labels.append(text("preempted"))
         axes[0].legend(handles, labels, fontsize=8, loc="lower right", ncol=len(labels), framealpha=0.9,
                        bbox_to_anchor=(1.0, 1.12))
-        axes[-1].set_xlim(-0.5, last + 2)
+        axes[-1].set_xlim(-0.5, last + 2 + 0.08 * last)  # room for the last step's label
         axes[-1].set_xlabel(text("engine_step"))
         fig.suptitle(text("timeline_title", requests=requests, slots=slots))
         save(fig, path)
