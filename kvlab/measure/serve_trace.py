@@ -620,6 +620,7 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
     schedule's alone, the same on every machine; their seconds say what this machine made of them."""
     s = settings
     check_block_size(model, s["block_size"])
+    began, began_cpu = time.perf_counter(), time.process_time()
     queued = main_trace(prompts, s, None)
     roomy = {policy: engine_config(s, policy) for policy in POLICIES}
     check_fits(queued, roomy["continuous"], "extras.serving.num_blocks")
@@ -647,5 +648,6 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
                      rows[-1]["finished"], len(queued), rows[-1]["normalized_latency_steps"],
                      rows[-1]["normalized_latency_s"], " (cut by rate_max_seconds)" if run.cut else "")
     rows.sort(key=lambda row: (POLICIES.index(row["policy"]), row["fraction"]))
+    log.info("the rate sweep: done at %.2f s (CPU %.2f s)", time.perf_counter() - began, time.process_time() - began_cpu)
     return rows, {"saturation": saturation, "rate_fractions": list(s["rate_fractions"]),
                   "rate_max_seconds": s["rate_max_seconds"], "runs": runs}
