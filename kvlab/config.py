@@ -168,15 +168,17 @@ def check_serving(serving: dict, lab_prompt_len: int) -> None:
                           f"whole in one step, and the longest has {longest} tokens (prompt_cap, or the lab's "
                           f"prompt + question_tokens)")
     size, most = s["block_size"], s["max_tokens_max"]
+    samples = s["parallel_n"]
     needs = {"the trace's longest request": request_blocks(s["prompt_cap"], most, 1, size),
              "the shared-prefix trace's": request_blocks(prefix_prompt, most, 1, size),
-             f"a request of n = {s['parallel_n']} samples": request_blocks(s["prompt_cap"], most, s["parallel_n"], size)}
+             f"a request of n = {samples} samples": request_blocks(s["prompt_cap"], most, samples, size)}
     for what, needed in needs.items():
         if needed > s["num_blocks"]:
             raise ConfigError(f"{where}num_blocks': {s['num_blocks']} blocks of {size} tokens cannot hold {what} "
                               f"({needed} blocks with max_tokens_max {most})")
     if s["tight_blocks"] >= s["num_blocks"]:
-        raise ConfigError(f"{where}tight_blocks': {s['tight_blocks']} is no tighter than num_blocks ({s['num_blocks']})")
+        raise ConfigError(f"{where}tight_blocks': {s['tight_blocks']} is no tighter than num_blocks "
+                          f"({s['num_blocks']})")
     trace_needs = needs["the trace's longest request"]
     if s["tight_blocks"] < trace_needs:
         raise ConfigError(f"{where}tight_blocks': {s['tight_blocks']} blocks of {size} tokens cannot hold the "

@@ -2,8 +2,8 @@
 
 A trace is a list of requests, each a validation document's prompt (cut to a seeded length), a seeded
 `max_tokens`, greedy or sampled with a seed of its own, and an arrival: a step of the engine's clock
-(Poisson gaps). Every request runs to its `max_tokens` (no eos),
-so how long it runs is the trace's alone: the counts below are the same on every machine.
+(Poisson gaps). Every request runs to its `max_tokens` (no eos), so how long it runs is the trace's
+alone: the counts below are the same on every machine.
 
 Served both ways by the same engine, with the same slots, blocks and token budget:
 
@@ -15,8 +15,9 @@ Every request is held against `generate` alone (its prompt, its knobs, after tor
 when it has a seed): the requests whose tokens differ are counted, never assumed away.
 
 What is exact (a function of the trace): forward steps, slot utilisation, blocks in use at every step,
-preemptions, prefix-cache hits, blocks shared. What is timed: each run's wall time and its requests'
-latencies, repeated with static and continuous alternating, as kvlab.facts.timing summarises them.
+preemptions, prefix-cache hits, blocks shared, and the rate sweep's latencies in steps. What is timed:
+each run's wall and CPU time and its requests' latencies in seconds, repeated with static and
+continuous alternating, as kvlab.facts.timing summarises them.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def poisson_arrivals(count: int, rate: float, rng: random.Random) -> list[float]
 
 
 def request_params(index: int, max_tokens: int, sampling: dict, seed: int, n: int = 1) -> SamplingParams:
-    """Every other request greedy; the others, and every request of n > 1 samples (parallel sampling), sampled
-    with `sampling`'s knobs and a seed of their own."""
+    """Every other request greedy; the others, and every request of n > 1 samples (parallel sampling),
+    sampled with `sampling`'s knobs and a seed of their own."""
     if index % 2 == 0 and n == 1:
         return SamplingParams(max_tokens=max_tokens, n=n, eos_token_id=None, **GREEDY)
     return SamplingParams(max_tokens=max_tokens, n=n, eos_token_id=None, seed=seed * 1000 + index, **sampling)
@@ -84,8 +85,9 @@ def make_trace(prompts: list[list[int]], rate: float | None, max_tokens: tuple[i
                sampling: dict, seed: int, n: int = 1, prefix: list[int] | None = None) -> list[TraceRequest]:
     """One request per prompt, in order: cut to a seeded length from `prompt_min` tokens to its own
     (bos kept), `max_tokens` drawn from the range, arriving at Poisson steps of `rate` per forward step
-    (None: all at step 0). With `prefix`, each prompt (without its bos) follows it: a system prompt shared by every request.
-    The lengths and the arrivals are drawn apart: the same seed gives the same requests at any rate."""
+    (None: all at step 0). With `prefix`, each prompt (without its bos) follows it: a system prompt
+    shared by every request. The lengths and the arrivals are drawn apart: the same seed gives the same
+    requests at any rate, and one pattern of arrivals, scaled."""
     rng = random.Random(seed)
     arrivals = poisson_arrivals(len(prompts), rate, random.Random(f"arrivals {seed}")) if rate else [0] * len(prompts)
     trace = []
@@ -419,6 +421,17 @@ def timing_rows(times: dict[str, list[dict]], prefix_ttft: dict[str, list[float]
 # --- the whole measurement ---------------------------------------------------------------------------
 
 
+class Progress:
+    """Logs how far a measurement got: seconds and CPU seconds since it began."""
+
+    def __init__(self):
+        self.began, self.began_cpu = time.perf_counter(), time.process_time()
+
+    def done(self, what: str) -> None:
+        log.info("%s: done at %.2f s (CPU %.2f s)", what, time.perf_counter() - self.began,
+                 time.process_time() - self.began_cpu)
+
+
 def check_fits(trace: list[TraceRequest], config: ServingConfig, key: str) -> None:
     """Refuse, in one line naming the config key, a trace with a request the pool could never hold."""
     size = config.block_size
@@ -507,10 +520,9 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     for name, trace in made.items():
         check_fits(trace, roomy["continuous"], "extras.serving.num_blocks")
     check_fits(made["trace"], tight, "extras.serving.tight_blocks")
-    began, began_cpu = time.perf_counter(), time.process_time()
+    progress = Progress()
     alone = {name: references(model, trace) for name, trace in made.items()}
-    log.info("generate alone, every request of the three traces: done at %.2f s (CPU %.2f s)", time.perf_counter() - began,
-             time.process_time() - began_cpu)
+    progress.done("generate alone, every request of the three traces")
 
     counts, events, times = [], [], {policy: [] for policy in POLICIES}
     runs: dict[str, Run] = {}
@@ -535,8 +547,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
             times[policy].append(run_timings(run))
             log.info("repeat %d, %s: %d steps, %.3f s, %.0f tokens/s", repeat, policy, run.stats.forward_steps,
                      run.wall_s, times[policy][-1]["tokens_per_s"])
-    log.info("static and continuous, %d repeats: done at %.2f s (CPU %.2f s)", s["repeats"], time.perf_counter() - began,
-             time.process_time() - began_cpu)
+    progress.done(f"static and continuous, {s['repeats']} runs each")
     checked(serve(model, trace, tight, "continuous, tight pool"), "trace", trace, alone["trace"])
     for caching in (True, False):
         config = engine_config(s, "continuous", prefix_caching=caching)
@@ -545,8 +556,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     checked(serve(model, made["parallel"], roomy["continuous"], f"continuous, n = {s['parallel_n']}"), "parallel",
             made["parallel"], alone["parallel"])
 
-    log.info("the tight pool, the shared prefix, n = %d: done at %.2f s (CPU %.2f s)", s["parallel_n"],
-             time.perf_counter() - began, time.process_time() - began_cpu)
+    progress.done(f"the tight pool, the shared prefix, n = {s['parallel_n']}")
     # time to first token of a long shared prefix, each request alone, with the prefix cache and without
     one_token = spaced(made["prefix"], 1)
     first_tokens = [[row[:1] for row in rows] for rows in alone["prefix"]]
@@ -559,8 +569,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
             # the first request finds nothing cached either way
             prefix_ttft["on" if caching else "off"].append(float(np.median([o.ttft_s for o in run.outputs[1:]])))
 
-    log.info("the prefix cache's time to first token: done at %.2f s (CPU %.2f s)", time.perf_counter() - began,
-             time.process_time() - began_cpu)
+    progress.done("the prefix cache's time to first token")
     max_length = s["prompt_cap"] + s["max_tokens_max"]
     memory = memory_rows([runs["continuous"], runs["continuous, tight pool"]], trace, max_length, bytes_per_token,
                          s["tight_blocks"])
@@ -620,7 +629,7 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
     schedule's alone, the same on every machine; their seconds say what this machine made of them."""
     s = settings
     check_block_size(model, s["block_size"])
-    began, began_cpu = time.perf_counter(), time.process_time()
+    progress = Progress()
     queued = main_trace(prompts, s, None)
     roomy = {policy: engine_config(s, policy) for policy in POLICIES}
     check_fits(queued, roomy["continuous"], "extras.serving.num_blocks")
@@ -648,6 +657,6 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
                      rows[-1]["finished"], len(queued), rows[-1]["normalized_latency_steps"],
                      rows[-1]["normalized_latency_s"], " (cut by rate_max_seconds)" if run.cut else "")
     rows.sort(key=lambda row: (POLICIES.index(row["policy"]), row["fraction"]))
-    log.info("the rate sweep: done at %.2f s (CPU %.2f s)", time.perf_counter() - began, time.process_time() - began_cpu)
+    progress.done("the rate sweep")
     return rows, {"saturation": saturation, "rate_fractions": list(s["rate_fractions"]),
                   "rate_max_seconds": s["rate_max_seconds"], "runs": runs}
