@@ -19,6 +19,7 @@ from kvlab.facts.compare import LAB_NAME, parameter_estimate
 from kvlab.facts.results import RESULTS
 from kvlab.grade import classroom
 from kvlab.grade.check import Settings
+from kvlab.facts.formulas import request_blocks
 from kvlab.measure.minimind_src import MiniMindSourceError, check_source_path
 
 # JSON schema types and the Python values that are of them.
@@ -134,7 +135,8 @@ ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", 
 def check_config(config: dict) -> None:
     """Raise ConfigError for the first setting that the schema lets through but the lab cannot run:
     models to compare, capacity architectures, the anatomy's contexts, a batch prompt longer than the
-    lab's, a folder to check that is not there, an answer key that is not one for the lab's settings."""
+    lab's, serving settings that serve nothing, a folder to check that is not there, an answer key that is not
+    one for the lab's settings."""
     extras = config["extras"]
     lab_prompt_len = config["lab"]["prompt"]["cut_tokens"] + 1
     check_entries(config["compare"], extras["compare"]["prompt_tokens"], lab_prompt_len)
@@ -146,6 +148,7 @@ def check_config(config: dict) -> None:
     if extras["batch"]["prompt_tokens"] > lab_prompt_len:
         raise ConfigError(f"config key 'extras.batch.prompt_tokens': {extras['batch']['prompt_tokens']} is longer "
                           f"than the lab's prompt (lab.prompt.cut_tokens + 1 = {lab_prompt_len})")
+    check_serving(extras["serving"], lab_prompt_len)
     folder = checked_folder(config)
     if not checks_this_build(config) and not folder.is_dir():
         raise ConfigError(f"config key 'extras.check.results_dir': folder not found: {folder}")
@@ -157,6 +160,43 @@ def check_config(config: dict) -> None:
         problem = classroom.key_problem(Path(key).expanduser(), settings)
         if problem:
             raise ConfigError(f"config key 'grade.key': {problem}")
+
+
+def check_serving(serving: dict, lab_prompt_len: int) -> None:
+    """Raise ConfigError for extras.serving settings under which some request of a trace could not be
+    served: every prompt must fit one step's budget and every request the pools (the longest the
+    settings allow: the trace's prompt_cap, the shared-prefix trace's lab prompt and question, each
+    with max_tokens_max)."""
+    s, where = serving, "config key 'extras.serving."
+    for low, high in (("prompt_min", "prompt_cap"), ("max_tokens_min", "max_tokens_max")):
+        if s[low] > s[high]:
+            raise ConfigError(f"{where}{low}': {s[low]} is more than {high} ({s[high]})")
+    if s["parallel_n"] > s["slots"]:
+        raise ConfigError(f"{where}parallel_n': {s['parallel_n']} samples run together, more than the "
+                          f"{s['slots']} slots (extras.serving.slots)")
+    prefix_prompt = lab_prompt_len + s["question_tokens"]
+    longest = max(s["prompt_cap"], prefix_prompt)
+    if s["max_batched_tokens"] < longest:
+        raise ConfigError(f"{where}max_batched_tokens': {s['max_batched_tokens']} fits nothing: a prompt is fed "
+                          f"whole in one step, and the longest has {longest} tokens (prompt_cap, or the lab's "
+                          f"prompt + question_tokens)")
+    size, most = s["block_size"], s["max_tokens_max"]
+    samples = s["parallel_n"]
+    needs = {"the trace's longest request": request_blocks(s["prompt_cap"], most, 1, size),
+             "the shared-prefix trace's": request_blocks(prefix_prompt, most, 1, size),
+             f"a request of n = {samples} samples": request_blocks(s["prompt_cap"], most, samples, size)}
+    for what, needed in needs.items():
+        if needed > s["num_blocks"]:
+            raise ConfigError(f"{where}num_blocks': {s['num_blocks']} blocks of {size} tokens cannot hold {what} "
+                              f"({needed} blocks with max_tokens_max {most})")
+    if s["tight_blocks"] >= s["num_blocks"]:
+        raise ConfigError(f"{where}tight_blocks': {s['tight_blocks']} is no tighter than num_blocks "
+                          f"({s['num_blocks']})")
+    trace_needs = needs["the trace's longest request"]
+    if s["tight_blocks"] < trace_needs:
+        raise ConfigError(f"{where}tight_blocks': {s['tight_blocks']} blocks of {size} tokens cannot hold the "
+                          f"trace's longest request (prompt_cap {s['prompt_cap']} + max_tokens_max {most}: "
+                          f"{trace_needs} blocks)")
 
 
 def checked_folder(config: dict) -> Path:

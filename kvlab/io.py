@@ -47,6 +47,11 @@ def write_json_atomic(path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
 
 
+def write_jsonl_atomic(path, records) -> None:
+    """One JSON object a line (JSON Lines), for a log of records too long to read as one document."""
+    write_text_atomic(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+
+
 def _delimiter(path) -> str:
     """A tab for a .tsv file, else a comma."""
     return "\t" if Path(path).suffix == ".tsv" else ","

@@ -1,5 +1,6 @@
-# Beyond the lab sheet, the serving half: many requests at once (llama-batched-bench's table) and what
-# the way a server reserves the cache does to how many requests fit. Knobs: config["extras"].
+# Beyond the lab sheet, the serving half: many requests at once (llama-batched-bench's table), what
+# the way a server reserves the cache does to how many requests fit, and continuous batching against
+# static on one trace (kvlab.serving's engine). Knobs: config["extras"].
 
 
 rule batch:
@@ -48,3 +49,66 @@ rule kv_waste:
         budgets_gib=EXTRAS["capacity"]["budgets_gib"],
     script:
         "../scripts/kv_waste.py"
+
+
+# Continuous batching against static on one seeded trace (kvlab.measure.serve_trace). Each rule is
+# given the knobs it reads, so changing the rate sweep's reruns only serve_rates.
+SERVING = EXTRAS["serving"]
+RATE_SWEEP_KEYS = ("rate_fractions", "rate_max_seconds")
+TRACE_ONLY_KEYS = (
+    "rate",
+    "tight_blocks",
+    "prefix_requests",
+    "question_tokens",
+    "parallel_requests",
+    "parallel_n",
+    "repeats",
+)
+
+
+rule serve_trace:
+    input:
+        **inputs("tokenizer", "pretrain", "prompt", "val_data"),
+    output:
+        serve_counts=reported("serve_counts"),
+        serve_memory=reported("serve_memory"),
+        serve_timing=reported("serve_timing"),
+        serve_trace=reported("serve_trace"),
+        serve_events=RESULTS["serve_events"].path,
+    log:
+        "results/logs/serve_trace.log",
+    benchmark:
+        "results/benchmarks/serve_trace.tsv"
+    # The clock must not share the CPU with other jobs: take every core.
+    threads: all_cores
+    resources:
+        **model_job("pretrain", timed=True),
+    params:
+        **timed_params(),
+        serving={
+            key: value for key, value in SERVING.items() if key not in RATE_SWEEP_KEYS
+        },
+    script:
+        "../scripts/serve_trace.py"
+
+
+rule serve_rates:
+    input:
+        **inputs("tokenizer", "pretrain", "val_data"),
+    output:
+        serve_rates=reported("serve_rates"),
+        serve_rates_runs=RESULTS["serve_rates_runs"].path,
+    log:
+        "results/logs/serve_rates.log",
+    benchmark:
+        "results/benchmarks/serve_rates.tsv"
+    threads: all_cores
+    resources:
+        **model_job("pretrain", timed=True),
+    params:
+        **timed_params(),
+        serving={
+            key: value for key, value in SERVING.items() if key not in TRACE_ONLY_KEYS
+        },
+    script:
+        "../scripts/serve_rates.py"

@@ -15,8 +15,9 @@ from kvlab.cluster import INSTALL_PLUGIN, NO_SBATCH, failure_hints
 from helpers import ROOT, course_config, snakemake
 
 MODEL_RULES = {"inspect_checkpoint", "model_card", "same", "timing", "kvbytes", "temp", "topp", "sweep", "latency",
-               "kv_capacity", "topp_curve", "temp_curve", "compare_cost", "batch", "kv_waste", "step_anatomy"}
-TIMED_RULES = {"timing", "sweep", "latency", "compare_cost", "batch", "step_anatomy"}
+               "kv_capacity", "topp_curve", "temp_curve", "compare_cost", "batch", "kv_waste", "step_anatomy",
+               "serve_trace", "serve_rates"}
+TIMED_RULES = {"timing", "sweep", "latency", "compare_cost", "batch", "step_anatomy", "serve_trace", "serve_rates"}
 MB = 1024**2
 
 

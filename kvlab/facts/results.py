@@ -26,6 +26,7 @@ LAB_REPORT = "Lab report"
 BEYOND = "Beyond the lab"
 CLASS = "Class"
 CLASS_FOLDER = "results/class"
+SERVING_FOLDER = "results/serving"
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Result:
 
 # Where the lab's figures are drawn (the class's are drawn by kvlab.grade.class_page).
 FIGURES_MODULE = "kvlab.present.figures"
+SERVING_FIGURES = "kvlab.present.serving_figures"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,14 @@ RESULTS = _results(
     Result("batch_runs", "results/batch_runs.json", timed=True),
     Result("kv_waste", "results/kv_waste.csv", BEYOND, "KV reservation"),
     Result("kv_waste_requests", "results/kv_waste_requests.json"),
+    # continuous batching against static on one trace (rules/serving.smk: serve_trace, serve_rates)
+    Result("serve_counts", f"{SERVING_FOLDER}/serve_counts.csv", BEYOND, "Continuous batching"),
+    Result("serve_memory", f"{SERVING_FOLDER}/serve_memory.csv", BEYOND, "Continuous batching"),
+    Result("serve_timing", f"{SERVING_FOLDER}/serve_timing.csv", BEYOND, "Continuous batching", timed=True),
+    Result("serve_trace", f"{SERVING_FOLDER}/serve_trace.json", BEYOND, "Continuous batching", timed=True),
+    Result("serve_events", f"{SERVING_FOLDER}/serve_events.jsonl", timed=True),
+    Result("serve_rates", f"{SERVING_FOLDER}/serve_rates.csv", BEYOND, "Continuous batching", timed=True),
+    Result("serve_rates_runs", f"{SERVING_FOLDER}/serve_rates_runs.json", timed=True),
     # only with the config's minimind_src
     Result("fidelity", "results/fidelity.json", BEYOND, "Fidelity to MiniMind"),
     # grading a class (`snakemake grade`)
@@ -132,16 +142,19 @@ FIGURES = {
         Figure("batch", "batch"),
         Figure("kv_waste", "kv_waste"),
         Figure("step_anatomy", "step_anatomy"),
+        Figure("serve_timeline", "serve_trace", drawn_by=SERVING_FIGURES),
+        Figure("serve_latency", "serve_rates", drawn_by=SERVING_FIGURES),
         Figure("class_scores", "grades", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
         Figure("class_tests", "tests", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
     )
 }
 
 # The results the reports' templates read, by name: the lab's and everything beyond it (fidelity's only
-# where it ran), never the pages made from the reports or the class's.
+# where it ran), never the pages made from the reports or the class's, nor a log of events (JSON Lines:
+# the reports read tables and JSON documents).
 REPORT_READS = tuple(name for name, result in RESULTS.items()
                      if result.category in (LAB_SHEET, BEYOND, None)
-                     and name not in ("lab_tables", "check", "folder_check"))
+                     and name not in ("lab_tables", "check", "folder_check") and not result.path.endswith(".jsonl"))
 SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
                "batch", "fidelity")
 # The reports' templates: one folder, an entry template per report, one file a section.

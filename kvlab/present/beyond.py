@@ -283,5 +283,52 @@ def capacity_table(rows: list[dict]) -> dict:
             "all_match": all(row["bytes_per_token_formula"] == row["bytes_per_token_measured"] for row in rows)}
 
 
+def serving_trace_section(results: dict) -> dict:
+    """Continuous batching against static on one trace (serve_counts, serve_timing, serve_rates): exact
+    counts first (steps, slot utilisation, preemptions, prefix hits, memory shared by n > 1 samples, the
+    mismatches against `generate` alone), then the timed ratios, each judged by its interval against 1,
+    and the latency against the request rate."""
+    if "serve_counts" not in results:
+        return {}
+    runs = {row["run"]: row for row in results["serve_counts"]}
+    static, continuous = runs["static"], runs["continuous"]
+    tight = next(row for row in results["serve_counts"] if row["num_blocks"] < continuous["num_blocks"])
+    prefix_on = next(row for row in results["serve_counts"] if row["trace"] == "prefix" and row["prefix_caching"])
+    prefix_off = next(row for row in results["serve_counts"] if row["trace"] == "prefix" and not row["prefix_caching"])
+    parallel = next(row for row in results["serve_counts"] if row["trace"] == "parallel")
+    timing = {(row["comparison"], row["quantity"]): row for row in results.get("serve_timing", [])}
+
+    def ratio(comparison: str, quantity: str) -> dict:
+        row = timing[(comparison, quantity)]
+        return {"ratio": row["ratio"], "low": row["ratio_low"], "high": row["ratio_high"],
+                "verdict": against((row["ratio_low"], row["ratio_high"]), 1.0), "unstable": row["unstable"]}
+
+    versus = "continuous vs static"
+    rates = results.get("serve_rates", [])
+    by_policy = {policy: [row for row in rates if row["policy"] == policy] for policy in ("continuous", "static")}
+    return {"serving_trace": {
+        "static": static, "continuous": continuous, "tight": tight, "prefix_on": prefix_on,
+        "prefix_off": prefix_off, "parallel": parallel,
+        "mismatches": sum(row["greedy_mismatches"] + row["seeded_mismatches"] for row in results["serve_counts"]),
+        "checked": sum(row["checked_requests"] for row in results["serve_counts"]),
+        # exact counts, the same on every machine: fewer steps, fuller slots
+        "steps": comparison([(static["forward_steps"], continuous["forward_steps"])]),
+        "step_ratio": static["forward_steps"] / continuous["forward_steps"],
+        "utilisation": comparison([(continuous["slot_utilisation"], static["slot_utilisation"])]),
+        "prefix_peak": comparison([(prefix_off["peak_blocks"], prefix_on["peak_blocks"])]),
+        "throughput": ratio(versus, "throughput"), "ttft": ratio(versus, "ttft_p50"),
+        "tpot": ratio(versus, "tpot_p50"), "latency": ratio(versus, "latency_p90"),
+        "prefix_ttft": ratio("prefix cache on vs off", "ttft_p50"),
+        "scheduler_share": timing[(versus, "scheduler_share")]["subject_median"],
+        "parallel_saving": value_against(parallel["memory_saved_share"], VLLM_PAPER["parallel_sampling_saving"]),
+        "paper": VLLM_PAPER,
+        "rates": [{"fraction": c["fraction"], "continuous": c["normalized_latency_steps"],
+                   "static": s["normalized_latency_steps"]} for c, s in zip(by_policy["continuous"], by_policy["static"])],
+        "rate_direction": direction(row["normalized_latency_steps"] for row in by_policy["continuous"]),
+        "static_saturation": rates[0]["saturation_fraction_static"] if rates else None,
+    }}
+
+
 SECTIONS = (model_section, sweep_section, latency_section, anatomy_section, capacity_section, topp_curve_section,
-            temp_curve_section, compare_section, batch_section, kv_waste_section, fidelity_section)
+            temp_curve_section, compare_section, batch_section, kv_waste_section, serving_trace_section,
+            fidelity_section)

@@ -1,0 +1,167 @@
+"""The continuous-batching figures (rules/serving.smk's results), drawn as kvlab.present.figures draws
+the lab's: matplotlib's Agg backend, labels in the report's language, a PNG saved atomically with its
+text in its metadata.
+
+  serve_timeline  the trace served twice, static above continuous: each request a row (waiting, its
+                  prompt fed, decoding), the blocks in use beneath, on the engine's step clock
+  serve_latency   latency against the request rate, both policies, the rates as fractions of the
+                  saturation throughput measured first (the PagedAttention paper's Fig. 12 shape), in
+                  engine steps (exact) and in seconds (this machine)
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kvlab.present.i18n import N_
+from kvlab.present.figures import drawing, save
+
+POLICY_STYLES = {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}
+# A run whose process had the CPU for less of its steps' time than this waited for it (pyperf warns so).
+WAITED_BELOW = 0.9
+PHASE_COLORS = {"waiting": "#d9d9d9", "prefill": "tab:orange", "decoding": "tab:blue"}
+
+LABELS = {
+    "timeline_title": N_("One trace of {requests} requests served twice (each row a request, {slots} slots)"),
+    "panel_static": N_("static batching: a batch of up to {slots} starts together and waits for its longest request; {steps} forward steps, slot utilisation {utilisation:.0%}"),
+    "panel_continuous": N_("continuous batching: a request joins at the first free slot and leaves when done; {steps} forward steps, slot utilisation {utilisation:.0%}"),
+    "waiting": N_("waiting (arrived, not admitted)"),
+    "prefill": N_("prompt fed (first token drawn)"),
+    "decoding": N_("decoding (one token a step)"),
+    "preempted": N_("preempted (blocks taken back)"),
+    "request": N_("request (by arrival)"),
+    "blocks": N_("blocks in use"),
+    "done_at": N_("last step {step}"),
+    "engine_step": N_("engine step (a forward step, or a tick waiting for the next arrival: the same on every machine)"),
+    "latency_title": N_("Latency against the request rate ({requests} requests a run, arriving at Poisson steps; as the PagedAttention paper's Fig. 12)"),
+    "rate_fraction": N_("request rate / continuous batching's saturation throughput ({saturation:.3f} requests a step)"),
+    "normalized_steps": N_("forward steps per output token (mean over requests)"),
+    "normalized_seconds": N_("seconds per output token (mean over requests)"),
+    "steps_title": N_("normalized latency in engine steps (exact, any machine)"),
+    "seconds_title": N_("normalized latency in seconds (this machine)"),
+    "never_waiting": N_("1 step a token: never kept waiting"),
+    "policy_static": N_("static batching"),
+    "policy_continuous": N_("continuous batching"),
+    "saturation_continuous": N_("continuous saturates"),
+    "saturation_static": N_("static saturates ({fraction:.2f})"),
+    "cut_note": N_("open marker: cut at rate_max_seconds, only finished requests counted"),
+    "waited_note": N_("in some runs the process had the CPU for only {share:.0%} of its steps' time:\nother work shared the machine, so these seconds are noisy"),
+}
+
+
+def phases(request: dict) -> list[tuple[str, int, int]]:
+    """A request's life as (phase, first step, end step): waiting from its arrival (and again after each
+    preemption) to an admission, its prompt (or what it computes again) fed at the admission's step, then
+    decoding until its finish or the next preemption."""
+    spans = []
+    admissions = sorted(request["admissions"])
+    preemptions = sorted(request["preemptions"])
+    waiting_from = request["arrival"]
+    for index, admitted in enumerate(admissions):
+        spans.append(("waiting", waiting_from, admitted))
+        spans.append(("prefill", admitted, admitted + 1))
+        stopped = preemptions[index] if index < len(preemptions) else None
+        end = stopped if stopped is not None else (request["finish"] + 1 if request["finish"] is not None
+                                                   else admitted + 1)
+        spans.append(("decoding", admitted + 1, end))
+        waiting_from = stopped
+    return [span for span in spans if span[2] > span[1]]
+
+
+def serve_timeline(data: dict, path, language: str = "en") -> None:
+    """Static above continuous on one shared step axis: each request a row, coloured by phase, the
+    blocks in use at every forward step beneath each."""
+    timelines, summaries = data["timelines"], data["summaries"]
+    policies = ("static", "continuous")
+    requests = len(timelines["static"]["requests"])
+    slots = timelines["static"]["slots"]
+    with drawing(language, LABELS) as text:
+        fig, axes = plt.subplots(4, 1, figsize=(13, 3.2 + 0.42 * requests), sharex=True,
+                                 gridspec_kw={"height_ratios": [requests, 4, requests, 4]})
+        last = max(max(t["steps"]) for t in timelines.values() if t["steps"])
+        top_blocks = max(max(timelines[policy]["blocks_in_use"]) for policy in policies)
+        for number, policy in enumerate(policies):
+            line = timelines[policy]
+            rows_ax, blocks_ax = axes[2 * number], axes[2 * number + 1]
+            for y, request in enumerate(line["requests"]):
+                for phase, start, end in phases(request):
+                    rows_ax.barh(y, end - start, left=start, height=0.7, color=PHASE_COLORS[phase],
+                                 edgecolor="white", linewidth=0.3)
+                for step in request["preemptions"]:
+                    rows_ax.plot(step, y, "x", color="black", markersize=6)
+            rows_ax.set_ylim(requests - 0.5, -0.5)
+            rows_ax.set_yticks(range(requests))
+            rows_ax.tick_params(axis="y", labelsize=7)
+            rows_ax.set_ylabel(text("request"), fontsize=8)
+            summary = summaries[policy]
+            rows_ax.set_title(text(f"panel_{policy}", slots=slots, steps=summary["forward_steps"],
+                                   utilisation=summary["slot_utilisation"]), fontsize=9, loc="left")
+            finished = max(line["steps"])
+            for ax in (rows_ax, blocks_ax):
+                ax.axvline(finished + 1, color="black", linestyle="--", linewidth=0.8)
+            rows_ax.annotate(text("done_at", step=finished), (finished + 1, requests - 0.5), xytext=(3, 3),
+                             textcoords="offset points", fontsize=7, va="bottom")
+            # each step's blocks held through that step: the last one to the end of its step
+            steps = np.array([*line["steps"], finished + 1])
+            blocks = [*line["blocks_in_use"], line["blocks_in_use"][-1]]
+            blocks_ax.step(steps, blocks, where="post", color="tab:green")
+            blocks_ax.fill_between(steps, blocks, step="post", color="tab:green", alpha=0.25)
+            blocks_ax.set_ylim(0, top_blocks * 1.15)
+            blocks_ax.set_ylabel(text("blocks"), fontsize=7)
+            blocks_ax.grid(True, axis="y", alpha=0.3)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[phase]) for phase in PHASE_COLORS]
+        labels = [text(phase) for phase in PHASE_COLORS]
+        if any(r["preemptions"] for policy in policies for r in timelines[policy]["requests"]):
+            handles.append(plt.Line2D([], [], marker="x", color="black", linestyle=""))
+            labels.append(text("preempted"))
+        axes[0].legend(handles, labels, fontsize=8, loc="lower right", ncol=len(labels), framealpha=0.9,
+                       bbox_to_anchor=(1.0, 1.12))
+        axes[-1].set_xlim(-0.5, last + 2 + 0.08 * last)  # room for the last step's label
+        axes[-1].set_xlabel(text("engine_step"))
+        fig.suptitle(text("timeline_title", requests=requests, slots=slots))
+        save(fig, path)
+
+
+def serve_latency(rows: list[dict], path, language: str = "en") -> None:
+    """The paper's normalized latency (each request's end-to-end latency over its output tokens, averaged)
+    against the request rate, both policies, the rates as fractions of continuous batching's saturation
+    throughput, each policy's saturation marked. Left: in forward steps, exact (1: never kept waiting);
+    right: in seconds, on this machine."""
+    saturation = next(row["rate_per_step"] / row["fraction"] for row in rows)
+    static_saturates = rows[0]["saturation_fraction_static"]
+    with drawing(language, LABELS) as text:
+        fig, (steps_ax, seconds_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
+        for policy, (color, marker) in POLICY_STYLES.items():
+            points = sorted((row for row in rows if row["policy"] == policy), key=lambda row: row["fraction"])
+            fractions = [row["fraction"] for row in points]
+            for ax, key in ((steps_ax, "normalized_latency_steps"), (seconds_ax, "normalized_latency_s")):
+                values = [row[key] for row in points]
+                ax.plot(fractions, values, f"{marker}-", color=color, label=text(f"policy_{policy}"))
+                cut = [(x, v) for x, v, row in zip(fractions, values, points) if row["cut"] and not math.isnan(v)]
+                if cut:
+                    ax.plot(*zip(*cut), marker, color="white", markeredgecolor=color, markersize=9)
+        steps_ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label=text("never_waiting"))
+        for ax in (steps_ax, seconds_ax):
+            ax.axvline(1.0, color="tab:blue", linestyle=":", linewidth=1, label=text("saturation_continuous"))
+            ax.axvline(static_saturates, color="tab:red", linestyle=":", linewidth=1,
+                       label=text("saturation_static", fraction=static_saturates))
+            ax.set_xlabel(text("rate_fraction", saturation=saturation), fontsize=8)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+        steps_ax.set_ylabel(text("normalized_steps"))
+        steps_ax.set_title(text("steps_title"))
+        seconds_ax.set_ylabel(text("normalized_seconds"))
+        seconds_ax.set_title(text("seconds_title"))
+        steps_ax.legend(fontsize=8, loc="lower right")
+        notes = [text("cut_note")] if any(row["cut"] for row in rows) else []
+        least = min((row["cpu_share"] for row in rows if not math.isnan(row["cpu_share"])), default=1.0)
+        if least < WAITED_BELOW:
+            notes.append(text("waited_note", share=least))
+        if notes:  # about the times: inside the seconds' panel, under its curves
+            seconds_ax.text(0.02, 0.02, "\n".join(notes), transform=seconds_ax.transAxes, fontsize=7, va="bottom",
+                            color="dimgray", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+        fig.suptitle(text("latency_title", requests=rows[0]["requests"]))
+        save(fig, path)
