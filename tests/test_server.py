@@ -3,9 +3,9 @@ not, n > 1) gets the in-process engine's tokens for the same request and seed; a
 mid-answer frees its request and blocks at once; a full waiting queue answers 503 with Retry-After;
 each bad request a 400 naming its field; SIGTERM ends the running requests within the drain and exits 0.
 
-Two servers, each a real subprocess on a free loopback port (`python -m kvlab.server`, this checkout's
-package), started together: one shared by the module (a tiny random MiniMind saved as a checkpoint, the
-tests' tokenizer, two slots, a waiting queue of one), one that the SIGTERM test stops."""
+The server is a real subprocess on a free loopback port (`python -m kvlab.server`, this checkout's
+package), shared by the module: a tiny random MiniMind saved as a checkpoint, the tests' tokenizer, two
+slots, a waiting queue of one, a drain of one second. The SIGTERM test, the last, stops it."""
 import asyncio
 import json
 import time
@@ -27,7 +27,8 @@ from helpers import random_model
 from serving_helpers import one_thread  # noqa: F401
 
 SLOTS, WAITING, BLOCKS = 2, 1, 64  # the shared server: ServingConfig(max_num_seqs=2, num_blocks=64), --max-waiting 1
-SERVER_ARGS = ["--max-num-seqs", SLOTS, "--num-blocks", BLOCKS, "--max-waiting", WAITING, "--threads", 1]
+SERVER_ARGS = ["--max-num-seqs", SLOTS, "--num-blocks", BLOCKS, "--max-waiting", WAITING, "--threads", 1,
+               "--drain-seconds", 1]
 MODEL = "tiny"
 LONG = {"max_tokens": 900, "ignore_eos": True}  # runs for seconds: a request still running when the test acts
 
@@ -40,24 +41,38 @@ def checkpoint(tmp_path_factory, tokenizer_dir):
     return folder / "tiny.pth"
 
 
+class Servers:
+    """The module's server, started once; the SIGTERM test (the module's last) stops it, and a test that
+    ran after it would find a new one started."""
+
+    def __init__(self, args):
+        self.args = args
+        self.current = None
+
+    def get(self) -> ServerProcess:
+        if self.current is None or self.current.process.poll() is not None:
+            if self.current is not None:
+                self.current.folder.cleanup()
+            self.current = ServerProcess(self.args).start().wait_ready()
+        return self.current
+
+
 @pytest.fixture(scope="module")
-def launched(checkpoint, tokenizer_dir):
-    """Both servers, started at once (their start-up, mostly importing PyTorch, overlaps)."""
-    common = ["--checkpoint", checkpoint, "--tokenizer", tokenizer_dir, "--served-model-name", MODEL]
-    servers = {"shared": ServerProcess([*common, *SERVER_ARGS]).start(),
-               "doomed": ServerProcess([*common, "--drain-seconds", 1, "--threads", 1]).start()}
+def servers(checkpoint, tokenizer_dir):
+    servers = Servers(["--checkpoint", checkpoint, "--tokenizer", tokenizer_dir, "--served-model-name", MODEL,
+                       *SERVER_ARGS])
     yield servers
-    for server in servers.values():
-        server.kill()
-        server.folder.cleanup()
+    if servers.current is not None:
+        servers.current.kill()
+        servers.current.folder.cleanup()
 
 
-@pytest.fixture(scope="module")
-def server(launched):
-    return launched["shared"].wait_ready()
+@pytest.fixture
+def server(servers):
+    return servers.get()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
@@ -277,27 +292,6 @@ def test_the_openai_client_raises_the_400_with_its_field(client):
     assert unknown.value.body["param"] == "model"
 
 
-def test_sigterm_ends_the_running_requests_within_the_drain_and_exits_0(launched):
-    server = launched["doomed"].wait_ready()
-    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
-                      json={"model": MODEL, "prompt": "민수는", "stream": True, "max_tokens": 4000,
-                            "ignore_eos": True}) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        next(line for line in lines if line.startswith("data: "))
-        server.process.terminate()
-        sent = time.monotonic()
-        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-        ended = time.monotonic() - sent
-    reasons = [choice["finish_reason"] for chunk in chunks for choice in chunk["choices"] if choice["finish_reason"]]
-    assert reasons == ["abort"], "the running request is ended by the drain, not by max_tokens"
-    assert chunks[-1]["usage"]["completion_tokens"] < 4000
-    assert ended < 1 + 10, f"the stream ended {ended:.1f} s after SIGTERM (--drain-seconds 1)"
-    server.process.wait(30)
-    assert server.process.returncode == 0, server.log_tail()
-    assert time.monotonic() - sent < 30
-
-
 # --- text as it streams ------------------------------------------------------------------------------
 
 def byte_tokens(tokenizer, text: str) -> list[int]:
@@ -326,3 +320,24 @@ def test_streamed_text_never_cuts_a_hangul_syllable(tokenizer):
     assert sum(piece == "" for piece in pieces) >= 2 * sum("가" <= char <= "힣" for char in text)  # held back
     cut = IncrementalText(tokenizer)
     assert cut.add(byte_tokens(tokenizer, "가")[:2]) == "" and cut.flush() == "\ufffd"  # the end stays as it decodes
+
+
+# --- last: it stops the module's server ------------------------------------------------------------
+
+def test_sigterm_ends_the_running_requests_within_the_drain_and_exits_0(server):
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                      json={"model": MODEL, "prompt": "민수는", "stream": True, **LONG}) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        server.process.terminate()
+        sent = time.monotonic()
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        ended = time.monotonic() - sent
+    reasons = [choice["finish_reason"] for chunk in chunks for choice in chunk["choices"] if choice["finish_reason"]]
+    assert reasons == ["abort"], "the running request is ended by the drain, not by max_tokens"
+    assert chunks[-1]["usage"]["completion_tokens"] < LONG["max_tokens"]
+    assert ended < 1 + 10, f"the stream ended {ended:.1f} s after SIGTERM (--drain-seconds 1)"
+    server.process.wait(30)
+    assert server.process.returncode == 0, server.log_tail()
+    assert time.monotonic() - sent < 30

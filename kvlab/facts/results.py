@@ -8,7 +8,11 @@ figure is named by its file: `step_times` is drawn by rule `figure_step_times`, 
 `step_times` of its drawing module, to `results/figures/step_times.png`, captioned by
 `report/figures/step_times.rst`, from the result its `data` names. Two names depart from their files,
 each for a reason outside the workflow: step 2's `counts` (the sheet names the file count.json, and
-Snakemake reserves `count`), and the class page's `class_page` (results/class/class.html).
+Snakemake reserves `count`), the class page's `class_page` (results/class/class.html), and `serve_bench`
+(results/serving/bench.csv, beside the server logs of its run in results/serving/).
+
+A result `by_all=False` is built only when asked for by name (`snakemake --cores 2 serve_bench`, or its
+figure's path): neither `rule all` nor the report reads it, so its cost is not the cold build's.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Result:
     category: str | None = None
     subcategory: str | None = None
     timed: bool = False
+    by_all: bool = True  # built by `rule all` (and read by the report), or only when asked for
 
     @property
     def caption(self) -> str:
@@ -75,6 +80,10 @@ class Figure:
     def subcategory(self) -> str | None:
         return RESULTS[self.data].subcategory
 
+    @property
+    def by_all(self) -> bool:
+        return RESULTS[self.data].by_all
+
 
 def _results(*results: Result) -> dict[str, Result]:
     return {result.name: result for result in results}
@@ -108,6 +117,9 @@ RESULTS = _results(
     Result("batch_runs", "results/batch_runs.json", timed=True),
     Result("kv_waste", "results/kv_waste.csv", BEYOND, "KV reservation"),
     Result("kv_waste_requests", "results/kv_waste_requests.json"),
+    # `kvlab serve` measured over HTTP at rising request rates (a few minutes: only when asked for)
+    Result("serve_bench", "results/serving/bench.csv", BEYOND, "Serving over HTTP", timed=True, by_all=False),
+    Result("serve_bench_runs", "results/serving/bench_runs.json", timed=True, by_all=False),
     # only with the config's minimind_src
     Result("fidelity", "results/fidelity.json", BEYOND, "Fidelity to MiniMind"),
     # grading a class (`snakemake grade`)
@@ -127,6 +139,7 @@ FIGURES = {
         Figure("batch", "batch"),
         Figure("kv_waste", "kv_waste"),
         Figure("step_anatomy", "step_anatomy"),
+        Figure("serve_bench", "serve_bench", drawn_by="kvlab.present.serving_figures"),
         Figure("class_scores", "grades", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
         Figure("class_tests", "tests", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
     )
@@ -135,20 +148,22 @@ FIGURES = {
 # The results the report's template reads, by name: the lab's and everything beyond it (fidelity's only
 # where it ran), never the pages made from the report or the class's.
 REPORT_READS = tuple(name for name, result in RESULTS.items()
-                     if result.category in (LAB_SHEET, BEYOND, None) and name not in ("lab_tables", "check"))
+                     if result.category in (LAB_SHEET, BEYOND, None) and name not in ("lab_tables", "check")
+                     and result.by_all)
 OPTIONAL = ("fidelity",)
 
 
 def lab_figures() -> list[Figure]:
-    """The figures of the lab's build (not the class's)."""
-    return [figure for figure in FIGURES.values() if figure.category != CLASS]
+    """The figures of the lab's build (not the class's, nor those only built when asked for)."""
+    return [figure for figure in FIGURES.values() if figure.category != CLASS and figure.by_all]
 
 
 def built_by_all(with_fidelity: bool) -> list[str]:
-    """What `rule all` builds: every result a reader sees but the class's (`grade` builds those) and
-    fidelity's where minimind_src is not set, and the lab's figures."""
+    """What `rule all` builds: every result a reader sees but the class's (`grade` builds those),
+    fidelity's where minimind_src is not set, and those only built when asked for; and the lab's figures."""
     shown = [result.path for name, result in RESULTS.items()
-             if result.category in (LAB_SHEET, LAB_REPORT, BEYOND) and (with_fidelity or name not in OPTIONAL)]
+             if result.category in (LAB_SHEET, LAB_REPORT, BEYOND) and (with_fidelity or name not in OPTIONAL)
+             and result.by_all]
     return shown + [figure.path for figure in lab_figures()]
 
 

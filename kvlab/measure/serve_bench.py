@@ -3,8 +3,9 @@ Poisson arrivals at rising request rates, every answer streamed, every token's a
 
 The measurement, for each scheduling policy (a server of its own, started on a free loopback port and
 stopped with SIGTERM):
-  1. a lone request, `lone_requests` times one after another: its TTFT and TPOT (medians) set the SLOs,
-     `slo_ttft_factor` x TTFT and `slo_tpot_factor` x TPOT (measured on the first policy, kept for both);
+  1. a lone request, `lone_requests` times one after another (after one untimed warm-up): its median
+     TTFT and TPOT set the SLOs, `slo_ttft_factor` x TTFT and `slo_tpot_factor` x TPOT (measured on the
+     first policy, kept for both);
   2. the saturation throughput (first policy only): `saturation_requests` sent at once, completed
      requests per second; the offered rates are `rate_fractions` of it, the same for both policies;
   3. at each rate, requests arrive with exponential gaps (seeded), for at most `seconds_per_rate`
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger("kvlab")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -77,7 +79,8 @@ class ServerProcess:
         return self
 
     def log_tail(self, lines: int = 20) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
     def wait_ready(self, timeout: float | None = None) -> "ServerProcess":
@@ -297,6 +300,8 @@ def serve_bench(server_args: list[str], workload: Workload, plan: BenchPlan, log
     for policy in plan.policies:
         log_path = Path(log_folder, f"server_{policy}.log") if log_folder else None
         with ServerProcess([*server_args, "--policy", policy], log_path=log_path, ready_timeout=ready_timeout) as server:
+            asyncio.run(drive(server.url, workload, [0.0], plan.request_timeout_s, index))  # warm-up, untimed
+            index += 1
             lone = []
             for _ in range(plan.lone_requests):
                 answers, _ = asyncio.run(drive(server.url, workload, [0.0], plan.request_timeout_s, index))
@@ -334,6 +339,7 @@ def serve_bench(server_args: list[str], workload: Workload, plan: BenchPlan, log
                 answers, wall = asyncio.run(drive(server.url, workload, arrivals, plan.request_timeout_s, index))
                 index += len(answers)
                 row = {"policy": policy, "rate_fraction": fraction, "rate_rps": round(rate, 3),
+                       "output_tokens": workload.output_tokens,
                        **summary(answers, wall, slo_ttft, slo_tpot),
                        "slo_ttft_ms": side["slo"]["ttft_ms"], "slo_tpot_ms": side["slo"]["tpot_ms"]}
                 log.info("%s at %.2f x saturation (%.2f req/s): %d/%d completed, TTFT p50 %.1f ms p99 %.1f ms, "
@@ -342,6 +348,7 @@ def serve_bench(server_args: list[str], workload: Workload, plan: BenchPlan, log
                          row["goodput_rps"])
                 rows.append(row)
             status = server.stop()
+            log.info("kvlab serve --policy %s, its log's end:\n%s", policy, server.log_tail(12))
             if status != 0:
                 raise RuntimeError(f"kvlab serve exited with {status} after SIGTERM\n{server.log_tail()}")
     side["cpu_count"] = os.cpu_count()

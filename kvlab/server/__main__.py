@@ -1,6 +1,4 @@
 """`python -m kvlab.server serve ...`: `kvlab serve` from any checkout (the console script is the installed one's)."""
-import sys
-
 from kvlab.server.cli import main
 
-sys.exit(main())
+main()

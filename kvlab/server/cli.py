@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -161,12 +162,17 @@ def serve(args) -> int:
     return 0 if server.started else 1
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> None:
+    """The `kvlab` command. Exits the process: once the server has shut down there is nothing left to
+    tidy, and the interpreter's teardown of PyTorch's modules would take seconds more, so the process
+    ends at once (logs and output flushed)."""
     args = parser().parse_args(argv)
-    if args.command == "serve":
-        return serve(args)
-    return 2
+    status = serve(args) if args.command == "serve" else 2
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
