@@ -322,6 +322,63 @@ def test_streamed_text_never_cuts_a_hangul_syllable(tokenizer):
     assert cut.add(byte_tokens(tokenizer, "가")[:2]) == "" and cut.flush() == "\ufffd"  # the end stays as it decodes
 
 
+# --- the page at / ----------------------------------------------------------------------------------
+
+def test_the_page_streams_an_answer_and_shows_the_engines_state_in_a_browser(server):
+    """Chromium (Debian's) driven by Playwright: the page shows a long request running and its blocks,
+    then answers its own prompt, streamed, with the knobs set in the form."""
+    import shutil
+    import threading
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium): the page is not opened in a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip('playwright is not installed (pip install -e ".[test]"): the page is not opened in a browser')
+    started, leave = threading.Event(), threading.Event()
+
+    def long_request():
+        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                          json={"model": MODEL, "prompt": "민수는", "stream": True, **LONG}) as response:
+            lines = response.iter_lines()  # held: a closed line iterator would close the connection
+            next(line for line in lines if line.startswith("data: "))
+            started.set()
+            leave.wait(30)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        worker = threading.Thread(target=long_request)
+        try:
+            page = browser.new_page()
+            page.goto(server.url)
+            page.wait_for_function(f"document.getElementById('num_blocks').textContent === '{BLOCKS}'")
+            worker.start()
+            assert started.wait(30)
+            page.wait_for_function("document.getElementById('running').textContent === '1'")
+            assert page.locator("#blocks span.used").count() > 0
+            leave.set()
+            worker.join(30)
+            page.wait_for_function("document.getElementById('running').textContent === '0'")
+            page.fill("#prompt", "가람 마을의 특산물은?")
+            page.fill("#temperature", "0")
+            page.fill("#max_tokens", "6")
+            page.click("#send")
+            page.wait_for_function("document.getElementById('answer').dataset.finish !== undefined")
+            assert page.locator("#answer").get_attribute("data-finish") in ("stop", "length")
+            assert "answer" in page.locator("#usage").inner_text()
+            page_text = page.evaluate("document.getElementById('answer').textContent")
+        finally:
+            leave.set()
+            browser.close()
+    # the page's answer is the greedy one the API gives
+    greedy = httpx.post(f"{server.url}/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "가람 마을의 특산물은?"}], "temperature": 0,
+        "max_tokens": 6}).json()["choices"][0]["message"]["content"]
+    assert page_text == greedy
+
+
 # --- last: it stops the module's server ------------------------------------------------------------
 
 def test_sigterm_ends_the_running_requests_within_the_drain_and_exits_0(server):

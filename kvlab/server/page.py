@@ -30,8 +30,8 @@ PAGE = """<!doctype html>
 <h1>kvlab serve <small>{model}</small></h1>
 <form id="ask">
   <textarea id="prompt" placeholder="Ask something">가람 마을의 특산물은 무엇인가요?</textarea><br>
-  <label>temperature <input id="temperature" type="number" min="0" step="0.05" value="0.85"></label>
-  <label>top-p <input id="top_p" type="number" min="0.01" max="1" step="0.05" value="0.85"></label>
+  <label>temperature <input id="temperature" type="number" min="0" step="any" value="0.85"></label>
+  <label>top-p <input id="top_p" type="number" min="0.01" max="1" step="any" value="0.85"></label>
   <label>max tokens <input id="max_tokens" type="number" min="1" value="64"></label>
   <button id="send" type="submit">Send</button>
 </form>
