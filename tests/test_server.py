@@ -322,6 +322,17 @@ def test_streamed_text_never_cuts_a_hangul_syllable(tokenizer):
     assert cut.add(byte_tokens(tokenizer, "가")[:2]) == "" and cut.flush() == "\ufffd"  # the end stays as it decodes
 
 
+def test_streamed_pieces_add_up_to_the_whole_text_of_any_tokens(tokenizer):
+    """Drawn token sequences (invalid bytes, special tokens and all), one token at a time."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        ids = torch.randint(0, tokenizer.vocab_size, (int(torch.randint(1, 40, (1,), generator=generator)),),
+                            generator=generator).tolist()
+        stream = IncrementalText(tokenizer)
+        pieces = [stream.add([token]) for token in ids] + [stream.flush()]
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True), ids
+
+
 # --- the page at / ----------------------------------------------------------------------------------
 
 def test_the_page_streams_an_answer_and_shows_the_engines_state_in_a_browser(server):

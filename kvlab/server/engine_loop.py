@@ -210,6 +210,7 @@ class EngineLoop:
                 request_id = self.engine.add_request(stream.prompt, stream.params)
             except ValueError as err:  # the handler checked first; the engine's own check is the last word
                 self._close_unadmitted(stream)
+                stream.closed = True
                 stream.push(Failed(400, str(err)))
                 continue
             stream.request_id = request_id
