@@ -9,7 +9,7 @@ figure is named by its file: `step_times` is drawn by rule `figure_step_times`, 
 `report/figures/step_times.rst`, from the result its `data` names. Two names depart from their files,
 each for a reason outside the workflow: step 2's `counts` (the sheet names the file count.json, and
 Snakemake reserves `count`), the class page's `class_page` (results/class/class.html), and `serve_bench`
-(results/serving/bench.csv, beside the server logs of its run in results/serving/).
+(results/serving/bench.csv: the issue that asked for it named the file, in a folder of serving results).
 
 A result `by_all=False` is built only when asked for by name (`snakemake --cores 2 serve_bench`, or its
 figure's path): neither `rule all` nor the report reads it, so its cost is not the cold build's.
