@@ -39,6 +39,7 @@ def test_layering_contracts_are_kept():
         ("facts/formulas.py", "import kvlab.engine.model", "Never PyTorch"),  # the facts stay torch-free
         ("engine/tokenizer.py", "import kvlab.workflow", "Parts:"),
         ("serving/stats.py", "from kvlab.facts import timing", "Parts:"),  # the serving engine sees the engine alone
+        ("serving/engine.py", "import kvlab.server.protocol", "Parts:"),  # nor the HTTP server on top of it
         ("grade/check.py", "import snakemake", "No kvlab module imports Snakemake"),
         ("grade/classroom.py", "from kvlab.measure import prompt", "torch-free rooms"),  # grading measures nothing
         ("grade/check.py", "import torch", "Never PyTorch"),  # the check job starts without it

@@ -16,8 +16,9 @@ from helpers import ROOT, course_config, snakemake
 
 MODEL_RULES = {"inspect_checkpoint", "model_card", "same", "timing", "kvbytes", "temp", "topp", "sweep", "latency",
                "kv_capacity", "topp_curve", "temp_curve", "compare_cost", "batch", "kv_waste", "step_anatomy",
-               "serve_trace", "serve_rates"}
-TIMED_RULES = {"timing", "sweep", "latency", "compare_cost", "batch", "step_anatomy", "serve_trace", "serve_rates"}
+               "serve_trace", "serve_rates", "serve_bench"}
+TIMED_RULES = {"timing", "sweep", "latency", "compare_cost", "batch", "step_anatomy", "serve_trace", "serve_rates",
+               "serve_bench"}
 MB = 1024**2
 
 
@@ -55,8 +56,10 @@ def job_resources(output: str) -> dict[str, dict[str, str]]:
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_every_job_asks_for_memory_and_time_and_a_gpu_only_on_cuda(tmp_path, course, device):
     config = course_config(course) | {"device": device}
-    jobs = job_resources(snakemake(tmp_path, "-n", "--forceall", config=config).stdout)
-    assert set(jobs) >= MODEL_RULES | {"prompt", "report", "check", "figure_cost_curves"}
+    # everything `all` builds, and what is only built when asked for
+    jobs = job_resources(snakemake(tmp_path, "-n", "--forceall", "all", "results/figures/serve_bench.png",
+                                   config=config).stdout)
+    assert set(jobs) >= MODEL_RULES | {"prompt", "report", "check", "figure_cost_curves", "figure_serve_bench"}
     for rule, asked in jobs.items():
         if rule == "all":
             continue

@@ -232,3 +232,33 @@ def test_a_drawn_stream_is_the_same_from_the_global_and_an_own_generator():
     own = torch.Generator().manual_seed(5)
     own_draws = [sampling.next_token(logits, seen, **knobs, generator=own) for _ in range(4)]
     assert all(torch.equal(a, b) for a, b in zip(global_draws, own_draws))
+
+
+def test_an_aborted_request_gives_its_blocks_back_at_once_and_changes_no_other_token(model):
+    """What a server does when a client leaves: abort a request running (mid-decode, n = 2), one waiting
+    and one not arrived yet; the others' tokens are still generate's alone, and the pool ends empty."""
+    from kvlab.serving import ServingEngine
+
+    prompts = prompts_of((9, 21, 14, 6), seed=5)
+    params = [greedy(12), SamplingParams(max_tokens=12, n=2, seed=7, eos_token_id=None, temperature=0.9),
+              greedy(12), greedy(12)]
+    engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=3))
+    ids = [engine.add_request(prompt, p, arrival_step=step)
+           for prompt, p, step in zip(prompts, params, (0, 0, 0, 50))]
+    for _ in range(4):
+        engine.step()
+    running = engine.requests[ids[1]]
+    assert running.state.value == "running" and 0 < running.num_new < 12
+    assert engine.requests[ids[2]].state.value == "waiting"  # its row would make four: no slot yet
+    held = engine.pool.num_used
+    output = engine.abort(ids[1])
+    assert engine.pool.num_used < held  # at once, before any further step
+    assert output.finish_reasons == ["abort", "abort"] and len(output.samples[0]) == running.num_new
+    assert engine.abort(ids[2]).samples == [[]] and engine.abort(ids[3]).samples == [[]]
+    assert engine.abort(ids[1]) is None  # finished already
+    result = engine.run()
+    assert result.outputs[ids[0]].samples == alone(model, prompts[0], params[0])
+    assert [event.kind for event in result.outputs[ids[1]].events][-1] == "abort"
+    assert_pool_empty(engine)
+    engine.forget(ids[0])
+    assert engine.requests[ids[0]] is None and len(engine.run().outputs) == 3

@@ -6,12 +6,16 @@ One name a result, from rule to file to caption: the result `latency` is written
 `results/latency.json`, captioned by `report/latency.rst`, and read by the report as `latency`. A
 figure is named by its file: `step_times` is drawn by rule `figure_step_times`, by the function
 `step_times` of its drawing module, to `results/figures/step_times.png`, captioned by
-`report/figures/step_times.rst`, from the result its `data` names. Three names depart from their
+`report/figures/step_times.rst`, from the result its `data` names. Four names depart from their
 files or rules, each for a reason outside the workflow: step 2's `counts` (the sheet names the file
 count.json, and Snakemake reserves `count`), the class page's `class_page` (results/class/class.html),
-and `folder_check`, written by rule `check` when it checks another folder than this build's
+`folder_check`, written by rule `check` when it checks another folder than this build's
 (results/check/{folder}.json, the folder's name filled in by kvlab.config.check_output), so that a
-student's folder never overwrites the build's own results/check.json.
+student's folder never overwrites the build's own results/check.json, and `serve_bench`
+(results/serving/bench.csv: the issue that asked for it named the file, in a folder of serving results).
+
+A result `by_all=False` is built only when asked for by name (`snakemake --cores 2 serve_bench`, or its
+figure's path): neither `rule all` nor the report reads it, so its cost is not the cold build's.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class Result:
     category: str | None = None
     subcategory: str | None = None
     timed: bool = False
+    by_all: bool = True  # built by `rule all` (and read by the report), or only when asked for
 
     @property
     def caption(self) -> str:
@@ -79,6 +84,10 @@ class Figure:
     @property
     def subcategory(self) -> str | None:
         return RESULTS[self.data].subcategory
+
+    @property
+    def by_all(self) -> bool:
+        return RESULTS[self.data].by_all
 
 
 def _results(*results: Result) -> dict[str, Result]:
@@ -123,6 +132,9 @@ RESULTS = _results(
     Result("serve_events", f"{SERVING_FOLDER}/serve_events.jsonl", timed=True),
     Result("serve_rates", f"{SERVING_FOLDER}/serve_rates.csv", BEYOND, "Continuous batching", timed=True),
     Result("serve_rates_runs", f"{SERVING_FOLDER}/serve_rates_runs.json", timed=True),
+    # `kvlab serve` measured over HTTP at rising request rates (a few minutes: only when asked for)
+    Result("serve_bench", "results/serving/bench.csv", BEYOND, "Serving over HTTP", timed=True, by_all=False),
+    Result("serve_bench_runs", "results/serving/bench_runs.json", timed=True, by_all=False),
     # only with the config's minimind_src
     Result("fidelity", "results/fidelity.json", BEYOND, "Fidelity to MiniMind"),
     # grading a class (`snakemake grade`)
@@ -144,6 +156,7 @@ FIGURES = {
         Figure("step_anatomy", "step_anatomy"),
         Figure("serve_timeline", "serve_trace", drawn_by=SERVING_FIGURES),
         Figure("serve_latency", "serve_rates", drawn_by=SERVING_FIGURES),
+        Figure("serve_bench", "serve_bench", drawn_by=SERVING_FIGURES),
         Figure("class_scores", "grades", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
         Figure("class_tests", "tests", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
     )
@@ -153,7 +166,7 @@ FIGURES = {
 # where it ran), never the pages made from the reports or the class's, nor a log of events (JSON Lines:
 # the reports read tables and JSON documents).
 REPORT_READS = tuple(name for name, result in RESULTS.items()
-                     if result.category in (LAB_SHEET, BEYOND, None)
+                     if result.category in (LAB_SHEET, BEYOND, None) and result.by_all
                      and name not in ("lab_tables", "check", "folder_check") and not result.path.endswith(".jsonl"))
 SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
                "batch", "fidelity")
@@ -163,15 +176,16 @@ OPTIONAL = ("fidelity",)
 
 
 def lab_figures() -> list[Figure]:
-    """The figures of the lab's build (not the class's)."""
-    return [figure for figure in FIGURES.values() if figure.category != CLASS]
+    """The figures of the lab's build (not the class's, nor those only built when asked for)."""
+    return [figure for figure in FIGURES.values() if figure.category != CLASS and figure.by_all]
 
 
 def built_by_all(with_fidelity: bool) -> list[str]:
-    """What `rule all` builds: every result a reader sees but the class's (`grade` builds those) and
-    fidelity's where minimind_src is not set, and the lab's figures."""
+    """What `rule all` builds: every result a reader sees but the class's (`grade` builds those),
+    fidelity's where minimind_src is not set, and those only built when asked for; and the lab's figures."""
     shown = [result.path for name, result in RESULTS.items()
-             if result.category in (LAB_SHEET, LAB_REPORT, BEYOND) and (with_fidelity or name not in OPTIONAL)]
+             if result.category in (LAB_SHEET, LAB_REPORT, BEYOND) and (with_fidelity or name not in OPTIONAL)
+             and result.by_all]
     return shown + [figure.path for figure in lab_figures()]
 
 

@@ -7,6 +7,8 @@ text in its metadata.
   serve_latency   latency against the request rate, both policies, the rates as fractions of the
                   saturation throughput measured first (the PagedAttention paper's Fig. 12 shape), in
                   engine steps (exact) and in seconds (this machine)
+  serve_bench     `kvlab serve` measured over HTTP (results/serving/bench.csv): latency and goodput
+                  against the offered request rate, each policy a line
 """
 
 from __future__ import annotations
@@ -49,6 +51,22 @@ LABELS = {
     "saturation_static": N_("static saturates ({fraction:.2f})"),
     "cut_note": N_("open marker: cut at rate_max_seconds, only finished requests counted"),
     "waited_note": N_("in some runs the process had the CPU for only {share:.0%} of its steps' time:\nother work shared the machine, so these seconds are noisy"),
+    "offered_rate": N_("offered request rate (requests/s)"),
+    "ttft_ms": N_("time to first token (ms, log scale)"),
+    "tpot_ms": N_("time per output token (ms)"),
+    "requests_per_s": N_("requests/s"),
+    "p50": N_("{policy} p50"),
+    "p99": N_("{policy} p99"),
+    "throughput": N_("{policy}: completed"),
+    "goodput": N_("{policy}: goodput (both SLOs met)"),
+    "offered": N_("offered"),
+    "saturation": N_("saturation ({rate:.2f} req/s)"),
+    "slo": N_("SLO ({ms:.0f} ms)"),
+    "slo_tpot": N_("SLO ({ms:.1f} ms)"),
+    "ttft_title": N_("TTFT"),
+    "tpot_title": N_("TPOT"),
+    "goodput_title": N_("Throughput and goodput"),
+    "serve_bench_title": N_("kvlab serve at rising request rates ({output_tokens} tokens per request, Poisson arrivals, measured by an HTTP client)"),
 }
 
 
@@ -164,4 +182,46 @@ def serve_latency(rows: list[dict], path, language: str = "en") -> None:
             seconds_ax.text(0.02, 0.02, "\n".join(notes), transform=seconds_ax.transAxes, fontsize=7, va="bottom",
                             color="dimgray", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
         fig.suptitle(text("latency_title", requests=rows[0]["requests"]))
+        save(fig, path)
+
+
+def serve_bench(rows: list[dict], path, language: str = "en") -> None:
+    """Left: TTFT p50 and p99 against the offered rate; middle: TPOT; right: completed requests and
+    goodput per second against the offered rate. A dashed line marks the saturation throughput, a
+    dotted one each SLO."""
+    saturation = next(row["rate_rps"] / row["rate_fraction"] for row in rows)
+    with drawing(language, LABELS) as text:
+        fig, (ttft_ax, tpot_ax, good_ax) = plt.subplots(1, 3, figsize=(14, 4.6))
+        for policy, (color, marker) in POLICY_STYLES.items():
+            mine = sorted((row for row in rows if row["policy"] == policy), key=lambda row: row["rate_rps"])
+            if not mine:
+                continue
+            rate = np.array([row["rate_rps"] for row in mine])
+            for ax, name in ((ttft_ax, "ttft"), (tpot_ax, "tpot")):
+                ax.plot(rate, [row[f"{name}_p50_ms"] for row in mine], f"{marker}-", color=color,
+                        label=text("p50", policy=policy))
+                ax.plot(rate, [row[f"{name}_p99_ms"] for row in mine], f"{marker}--", color=color, alpha=0.6,
+                        label=text("p99", policy=policy))
+            good_ax.plot(rate, [row["throughput_rps"] for row in mine], f"{marker}-", color=color,
+                         label=text("throughput", policy=policy))
+            good_ax.plot(rate, [row["goodput_rps"] for row in mine], f"{marker}:", color=color,
+                         label=text("goodput", policy=policy))
+        top = max(row["rate_rps"] for row in rows)
+        good_ax.plot([0, top], [0, top], color="grey", lw=0.8, label=text("offered"))
+        ttft_ax.axhline(rows[0]["slo_ttft_ms"], color="grey", ls=":", label=text("slo", ms=rows[0]["slo_ttft_ms"]))
+        tpot_ax.axhline(rows[0]["slo_tpot_ms"], color="grey", ls=":",
+                        label=text("slo_tpot", ms=rows[0]["slo_tpot_ms"]))
+        ttft_ax.set_yscale("log")
+        for ax, ylabel, title in ((ttft_ax, "ttft_ms", "ttft_title"), (tpot_ax, "tpot_ms", "tpot_title"),
+                                  (good_ax, "requests_per_s", "goodput_title")):
+            ax.axvline(saturation, color="black", ls="--", lw=0.8, label=text("saturation", rate=saturation))
+            ax.set_xlabel(text("offered_rate"))
+            ax.set_ylabel(text(ylabel))
+            ax.set_title(text(title))
+            ax.set_xlim(left=0)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        tpot_ax.set_ylim(bottom=0)
+        good_ax.set_ylim(bottom=0)
+        fig.suptitle(text("serve_bench_title", output_tokens=rows[0]["output_tokens"]))
         save(fig, path)

@@ -10,7 +10,7 @@ requests the way vLLM and nano-vllm do, small enough to read in an afternoon, on
   runner.py           one forward step over a mixed batch of prefills and decodes
   scheduler.py        waiting and running queues, admission by free blocks, preemption, chunked prefill
   stats.py            the counters of a run
-  engine.py           ServingEngine: add_request, step, run
+  engine.py           ServingEngine: add_request, step, run; abort and forget (for a server)
 
 Its contract: every request's tokens are those `generate` gives its prompt alone, greedy or seeded,
 whatever else runs beside it (tests/test_serving_engine.py). It imports no kvlab package but kvlab.engine.

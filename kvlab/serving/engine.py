@@ -10,7 +10,8 @@ admit and preempt), feed them in one forward pass (kvlab.serving.runner), then f
 positions are cached, full prompt blocks enter the prefix cache, a prompt of n > 1 rows forks, and a
 piece that reached its last known token draws the next one per row (kvlab.engine.sampling, with the
 request's own generator). A request whose rows all drew eos, or that has max_tokens, gives its blocks
-back at once.
+back at once; so does one aborted (`abort`: a server's client that left). A server, which never calls
+`run`, `forget`s each finished request so its record does not pile up.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class ServingEngine:
         self.scheduler = Scheduler(self.config, self.pool)
         self.runner = ModelRunner(model, self.pool, self.config.matmuls)
         self.stats = EngineStats(self.config.max_num_seqs, self.config.num_blocks)
-        self.requests: list[Request] = []
+        self.requests: list[Request | None] = []  # by id; None once forgotten
         self.pending: list[Request] = []  # not arrived yet, by arrival
         self.clock = 0  # the step index: one per forward step, and one per tick spent waiting for an arrival
         self.started: float | None = None  # perf_counter of the first step; arrival_s counts from it
@@ -99,7 +100,34 @@ class ServingEngine:
                              f"a {len(prompt)}-token prompt is fed in one step without chunked_prefill")
 
     def has_unfinished(self) -> bool:
-        return any(request.state is not State.FINISHED for request in self.requests)
+        """Whether a request is still pending, waiting or running (each sits in exactly one of those)."""
+        return bool(self.pending or self.scheduler.waiting or self.scheduler.running)
+
+    def abort(self, request_id: int) -> RequestOutput | None:
+        """Stop a request wherever it stands (a client that left): a running one gives its blocks back at
+        once. Returns its output (the tokens drawn so far, each unfinished row's reason "abort"), or None
+        if it had finished already."""
+        request = self.requests[request_id]
+        if request is None or request.state is State.FINISHED:
+            return None
+        if request.state is State.PENDING:
+            self.pending.remove(request)
+        elif request.state is State.WAITING:
+            self.scheduler.waiting.remove(request)
+        else:
+            self.scheduler.free(request)
+            self.scheduler.running.remove(request)
+        request.state = State.FINISHED
+        request.aborted = True
+        request.record("abort", self.clock)
+        return request.output()
+
+    def forget(self, request_id: int) -> None:
+        """Drop a finished request's record, its tokens and events (a server's, which serves for ever and
+        never calls `run`; `run`'s outputs leave it out)."""
+        if self.requests[request_id] is not None and self.requests[request_id].state is not State.FINISHED:
+            raise ValueError(f"request {request_id} is not finished: abort it first")
+        self.requests[request_id] = None
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -109,7 +137,7 @@ class ServingEngine:
         while self.has_unfinished():
             self.step()
         self.stats.wall_s += time.perf_counter() - begun
-        return ServeResult([request.output() for request in self.requests], self.stats)
+        return ServeResult([request.output() for request in self.requests if request is not None], self.stats)
 
     def step(self) -> list[RequestOutput]:
         """One tick of the clock: a forward step, or a wait for the next arrival. Returns the requests it finished."""

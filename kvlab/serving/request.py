@@ -24,7 +24,7 @@ class State(Enum):
     FINISHED = "finished"
 
 
-EVENT_KINDS = ("arrival", "admission", "first_token", "token", "preemption", "finish")
+EVENT_KINDS = ("arrival", "admission", "first_token", "token", "preemption", "finish", "abort")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ class Request:
         self.preemptions = 0
         self.recomputed_tokens = 0
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache, over all admissions
+        self.aborted = False  # stopped by ServingEngine.abort before it finished
 
     # --- lengths -----------------------------------------------------------------------------------
 
@@ -152,7 +153,7 @@ class Request:
         return RequestOutput(
             request_id=self.request_id, prompt=list(self.prompt),
             samples=[row.output(eos) for row in self.rows],
-            finish_reasons=["eos" if row.finished else "length" for row in self.rows],
+            finish_reasons=["eos" if row.finished else "abort" if self.aborted else "length" for row in self.rows],
             events=list(self.events), preemptions=self.preemptions, recomputed_tokens=self.recomputed_tokens,
             cached_tokens=self.cached_tokens)
 
@@ -160,7 +161,8 @@ class Request:
 @dataclass(frozen=True)
 class RequestOutput:
     """What a finished request gave: each sample's new tokens (its eos last, when it drew one), why each
-    ended ("eos" or "length"), its events, and what serving it cost it."""
+    ended ("eos", "length", or "abort" when ServingEngine.abort stopped it), its events, and what serving
+    it cost it."""
 
     request_id: int
     prompt: list[int]

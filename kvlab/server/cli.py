@@ -1,0 +1,178 @@
+"""`kvlab serve`: MiniMind behind OpenAI's API, on loopback, from a build's SFT checkpoint by default.
+
+    kvlab serve                                   # results/default/sft.pth and results/default/tokenizer/
+    kvlab serve --checkpoint /opt/mm/sft.pth --tokenizer /opt/mm/tokenizer --port 8000
+    python -m kvlab.server serve ...              # the same, from any checkout
+
+The checkpoint is inspected as the workflow inspects one (kvlab.checkpoints.inspect_checkpoint: layout,
+config, head count, the tokenizer's fit; or the workflow's own inspection, --inspection) and loaded as
+that inspection says. The engine's knobs are ServingConfig's, with its defaults. SIGTERM (or Ctrl+C)
+stops taking requests, lets the running ones finish for --drain-seconds, aborts what is left, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from kvlab.config import DEFAULT_INPUTS
+from kvlab.serving import ServingConfig
+
+DEFAULTS = {field.name: field.default for field in fields(ServingConfig)}
+log = logging.getLogger("kvlab.server")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="kvlab", description="kvlab's commands beside the workflow.")
+    commands = top.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a MiniMind checkpoint with OpenAI's API (docs/serving.md)",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model = serve.add_argument_group("the model")
+    model.add_argument("--checkpoint", default=DEFAULT_INPUTS["sft"], help="a MiniMind .pth (default: %(default)s)")
+    model.add_argument("--tokenizer", default=DEFAULT_INPUTS["tokenizer"],
+                       help="its Hugging Face tokenizer folder (default: %(default)s)")
+    model.add_argument("--inspection", help="the workflow's inspection of the checkpoint (results/checkpoints/sft.json); "
+                                            "without it the checkpoint is inspected here")
+    model.add_argument("--model-overrides", default="{}", type=json.loads,
+                       help="architecture fields the tensors cannot reveal, as JSON (the config's model_overrides)")
+    model.add_argument("--val-data", default=DEFAULT_INPUTS["val_data"],
+                       help="validation text, read only to measure a MiniMind2 file's head count (default: %(default)s)")
+    model.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    model.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    model.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    model.add_argument("--served-model-name", help="the name clients ask for (default: the checkpoint's file stem)")
+    http = serve.add_argument_group("the server")
+    http.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
+    http.add_argument("--port", type=int, default=8000, help="0: a free one (see --port-file)")
+    http.add_argument("--port-file", help="write the port listened on to this file")
+    http.add_argument("--max-waiting", type=int, default=64,
+                      help="requests that may wait for admission; the next gets a 503 (default: %(default)s)")
+    http.add_argument("--drain-seconds", type=float, default=10.0,
+                      help="on SIGTERM, how long running requests may go on before they are aborted")
+    http.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    engine = serve.add_argument_group("the serving engine (kvlab.serving.ServingConfig)")
+    for knob in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        engine.add_argument(f"--{knob.replace('_', '-')}", type=int, default=DEFAULTS[knob],
+                            help="default: %(default)s")
+    engine.add_argument("--policy", default=DEFAULTS["policy"], choices=("continuous", "static"))
+    engine.add_argument("--matmuls", default=DEFAULTS["matmuls"], choices=("per_request", "fused"))
+    engine.add_argument("--chunked-prefill", action="store_true", default=DEFAULTS["chunked_prefill"])
+    engine.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                        default=DEFAULTS["prefix_caching"])
+    return top
+
+
+def load(args):
+    """The engine on the checkpoint, and the tokenizer. Raises ValueError with one line naming the file."""
+    import torch
+
+    from kvlab.checkpoints import inspect_checkpoint, load_inspected
+    from kvlab.engine.tokenizer import load_tokenizer, vocab_mismatch
+    from kvlab.io import read_json
+    from kvlab.serving import ServingEngine
+
+    checkpoint, tokenizer_dir = Path(args.checkpoint), Path(args.tokenizer)
+    built = "build the embedded default first (snakemake --cores 1 results/default/sft.pth), or give --checkpoint " \
+            "and --tokenizer"
+    if not checkpoint.is_file():
+        raise ValueError(f"--checkpoint {checkpoint}: file not found" + (f"; {built}" if
+                         str(checkpoint) == DEFAULT_INPUTS["sft"] else ""))
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise ValueError(f"--tokenizer {tokenizer_dir}: no tokenizer.json there" + (f"; {built}" if
+                         str(tokenizer_dir) == DEFAULT_INPUTS["tokenizer"] else ""))
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if args.inspection:
+        inspection = read_json(args.inspection)
+    else:
+        inspection = inspect_checkpoint(checkpoint, "sft", args.model_overrides, tokenizer, args.val_data)
+    torch.set_num_threads(args.threads)
+    model, _ = load_inspected(checkpoint, inspection, args.device, args.dtype)
+    mismatch = vocab_mismatch(tokenizer.vocab_size, model.config.vocab_size)
+    if mismatch:
+        raise ValueError(f"--tokenizer {tokenizer_dir} does not belong to --checkpoint {checkpoint}: {mismatch}")
+    config = ServingConfig(**{knob: getattr(args, knob) for knob in DEFAULTS})
+    return ServingEngine(model, config), tokenizer
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"--host {host} --port {port}: cannot listen there ({err.strerror})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.max_waiting < 1 or args.drain_seconds < 0:
+        print("kvlab serve: --max-waiting must be >= 1 and --drain-seconds >= 0", file=sys.stderr)
+        return 2
+    try:
+        engine, tokenizer = load(args)
+        sock = bind(args.host, args.port)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"kvlab serve: {err}", file=sys.stderr)
+        return 1
+    import uvicorn
+
+    from kvlab.server.app import ServerContext, create_app
+
+    name = args.served_model_name or Path(args.checkpoint).stem
+    context = ServerContext.build(engine, tokenizer, name, args.max_waiting)
+    port = sock.getsockname()[1]
+    if args.port_file:
+        Path(args.port_file).write_text(f"{port}\n", encoding="utf-8")
+    log.info("serving %s (%s, %d blocks of %d tokens, policy %s) on http://%s:%d", name, args.checkpoint,
+             engine.config.num_blocks, engine.config.block_size, engine.config.policy, args.host, port)
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, which on SIGTERM or SIGINT also starts the engine loop's drain (on the event
+        loop: a signal handler must not take the loop's lock) and answers 503 from then on."""
+
+        async def serve(self, sockets=None):
+            self.event_loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig, frame):
+            self.event_loop.call_soon_threadsafe(context.loop.drain, args.drain_seconds)
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(create_app(context), log_level="info", access_log=args.access_log, lifespan="on",
+                            timeout_graceful_shutdown=args.drain_seconds + 2)
+    server = DrainingServer(config)
+    # uvicorn raises the signal again once it has shut down gracefully; with these handlers that ends
+    # nothing, and the process exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    asyncio.run(server.serve(sockets=[sock]))
+    log.info("stopped after %d engine steps", context.loop.steps)
+    return 0 if server.started else 1
+
+
+def main(argv=None) -> None:
+    """The `kvlab` command. Exits the process: once the server has shut down there is nothing left to
+    tidy, and the interpreter's teardown of PyTorch's modules would take seconds more, so the process
+    ends at once (logs and output flushed)."""
+    args = parser().parse_args(argv)
+    status = serve(args) if args.command == "serve" else 2
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()
