@@ -263,7 +263,7 @@ def test_the_reports_list_of_contended_timings_reads_every_result():
     found = contended_timings(results)
     assert [(item["what"], item.get("mode"), item.get("n"), item.get("name")) for item in found] == [
         ("step3", "without_cache", None, None), ("sweep", None, 16, None), ("latency", "with_cache", None, None),
-        ("batch", "shared", 4, None), ("anatomy", "with_cache_cat", None, None), ("anatomy", "cat @ 64", None, None)]
+        ("batch", "shared", 4, None), ("anatomy", "with_cache_cat", None, None), ("curve", "cat", 64, None)]
     assert found[0] == {"what": "step3", "mode": "without_cache", "cpu_share": 0.5, "contended_runs": 1.0,
                         "switches_per_s": 200.0, "load_1m": 3.0}
     assert found[1]["cpu_share"] == pytest.approx(0.5) and found[3]["cpu_share"] == 0.5
