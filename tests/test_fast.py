@@ -101,12 +101,15 @@ def test_the_fused_weights_follow_the_model_s(monkeypatch):
     seen = SeenLogits(monkeypatch)
     run = lambda prompt, **k: fast.generate(model, prompt, plan, **k)  # noqa: E731
     before = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
+    assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
+    (decoder,) = fast.decoders_of(model).values()
+    assert decoder.packs == 1  # nothing changed: the packed weights are not copied again
     with torch.no_grad():  # a training step, a load_state_dict: the weights change in place
         model.model.layers[0].self_attn.k_proj.weight.mul_(3.0)
         model.model.layers[1].mlp.up_proj.weight.mul_(-1.0)
     after = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
     assert not torch.equal(before, after), "the change must show in the tokens for the check to mean anything"
-    assert len(fast.decoders_of(model)) == 1  # the same Decoder both times, its fused weights rewritten
+    assert list(fast.decoders_of(model).values()) == [decoder] and decoder.packs == 2  # packed again
 
 
 def test_cache_lengths_are_bucketed_and_capped():

@@ -1,37 +1,46 @@
 """The fast decode path: `generate(..., kv_cache="static", compile=True)`.
 
 A cached decode step of the lab's model spends most of its time not on arithmetic but on the fixed
-cost of some 400 operator calls (kvlab.lab.anatomy opens it). This module attacks that cost in two
-ways, and keeps MiniMind's tokens:
+cost of some 400 operator calls (kvlab.lab.anatomy opens it). This module attacks that cost, and
+keeps MiniMind's tokens:
 
-- **Static shapes, compiled once.** A decode step here reads a preallocated cache of its final
-  length (`DecodeCache`, K and V per layer as (B, KV, L, D)), the position it writes as a tensor and
-  a mask, so every step of a generation has the same shapes and the same code. `torch.compile`
-  compiles it once (`dynamic=False`, `fullgraph=True`); each later step only checks its guards and
-  runs the compiled kernels. The model's weights are *inputs* of the compiled step, not constants
-  baked into it, so another model of the same architecture reuses the same compiled code.
+- **Static shapes, compiled once.** A decode step here reads a cache allocated for its final length
+  (`DecodeCache`), the position it writes as a tensor, and a padding mask, so every step of a
+  generation has the same shapes and runs the same code: `torch.compile` compiles it once
+  (`dynamic=False`, `fullgraph=True`), and each later step only checks its guards and runs it.
+- **Few inputs.** The step reads six tensors, all owned by its `Decoder` at fixed addresses: the
+  packed weights (one flat copy of every weight the step needs, `pack_layout`), K and V of every
+  layer, the token, the position, the padding. The compiled code checks each input before it runs
+  (the guards, then the wrapper's asserts), so six inputs cost less than the model's forty-odd
+  tensors; the weights are inputs, not constants baked into the code, so another model of the same
+  architecture reuses the compiled step.
 - **Fewer operator calls** (`StepPlan`): q, k and v from one matrix product of concatenated
-  weights, their q/k norms and RoPE applied to q and k at once; gate and up from one product;
-  attention over the grouped heads without materialising `repeat_kv`; RoPE from tables indexed by
-  the position tensor. Each is exact up to the order of float additions: the tokens stay MiniMind's,
-  the logits within 1e-5 (tests/test_fast.py).
+  weights, q/k norm and RoPE applied to q and k at once; gate and up from one product; attention
+  over the grouped heads without materialising `repeat_kv`; RoPE from tables indexed by the
+  position tensor. On a CPU the products are written row by row (`rowwise_matmul`), so inductor
+  fuses the whole step into its own C++ loops instead of calling the BLAS library between them.
+  Each change is exact up to the order of float additions: the tokens stay MiniMind's, the logits
+  within 1e-5 (tests/test_fast.py).
 
 What stays eager, and why:
 
-- **The prefill** (the prompt, fed once) runs the model's own eager forward into the same cache:
-  its shape is the prompt's, and it is one call per generation.
+- **The prefill** (the prompt, fed once) runs the model's own eager modules into the same cache: its
+  shape is the prompt's, and it is one call per generation. It computes the logits of the last
+  position only: the others are never read (MiniMind computes them all).
 - **The next-token choice** (kvlab.engine.sampling, the one home of each rule): a compiled draw would
   take its random numbers from inductor's generator, not from the one `torch.manual_seed` seeds, so
   seeded samples would part from the eager path's; and torch 2.13's inductor fails on
   argmax(logits / temperature) in its Gumbel-max pass (kvlab.lab.anatomy met it).
 
-Each compiled step is cached per (model, batch, cache length, dtype, device, plan) in a `Decoder`
-that owns its cache and its fused weights. The cache length is the generation's final length rounded
-up to a multiple of BUCKET_POSITIONS (never past max_position_embeddings), so prompts of different
-lengths share one compiled step; the price is attention over up to BUCKET_POSITIONS - 1 masked
-positions. On a GPU the step is compiled with mode "reduce-overhead" (CUDA graphs: the whole step
-replayed as one launch), its cache and weights at fixed addresses. Where no C++ compiler is found
-on a CPU (inductor writes C++ there), `generate` says so in one line and runs the eager static path.
+A `Decoder` is kept per (model, batch, cache length, dtype, device, plan). The cache length is the
+generation's final length rounded up to a multiple of BUCKET_POSITIONS (never past
+max_position_embeddings), so prompts of different lengths share one compiled step; the price is
+attention over up to BUCKET_POSITIONS - 1 masked positions. Its packed weights are a copy of the
+model's, packed again at the start of a generation whenever a weight has changed since (a tensor's
+version counter counts its in-place changes: a training step, load_state_dict). On a GPU the step
+is compiled with mode "reduce-overhead" (CUDA graphs: the step replayed as one launch), its inputs
+at fixed addresses. Where no C++ compiler is found on a CPU (inductor writes C++ there), `generate`
+says so in one line and runs the eager static path. A Decoder serves one generation at a time.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.engine import sampling
-from kvlab.engine.model import CausalLMOutput, MiniMindForCausalLM, StaticCache, apply_rope, repeat_kv
+from kvlab.engine.model import CausalLMOutput, MiniMindForCausalLM, StaticCache, apply_rope
 
 # A compiled step serves every cache length up to its own; lengths are rounded up to this multiple.
 BUCKET_POSITIONS = 256
@@ -58,7 +67,7 @@ PADDED_KEY_SCORE = -1e9
 
 @dataclass(frozen=True)
 class StepPlan:
-    """How the decode step computes, and whether it is compiled. Every choice keeps MiniMind's tokens.
+    """How the decode step computes, and how it runs. Every choice keeps MiniMind's tokens.
 
     fused_qkv: q, k and v from one matrix product of the three weights concatenated; q/k norm and
         RoPE then run once on q and k side by side (MiniMind: three products, each norm and RoPE twice).
@@ -68,6 +77,9 @@ class StepPlan:
         "sdpa" is PyTorch's fused attention with enable_gqa (the same grouping, one operator call).
     compile_mode: a torch.compile mode ("default"; "reduce-overhead" adds CUDA graphs on a GPU), or
         None to run the same step eagerly (to measure what the fusions buy without compiling).
+    cpp_wrapper: inductor writes the code that calls its kernels in C++ too (mode "default" only).
+    rowwise_matmul: each matrix product written as a product and a sum, which inductor compiles
+        into its own loops, fused with what comes before and after (compiled plans only).
     """
 
     fused_qkv: bool = True
@@ -89,17 +101,21 @@ class StepPlan:
 class Shape(NamedTuple):
     """The architecture's numbers the step needs (constants of the compiled code)."""
 
+    hidden: int
     heads: int
     kv_heads: int
     head_dim: int
     intermediate: int
+    layers: int
+    vocab: int
+    positions: int  # the cache length: the RoPE rows packed
     eps: float
     qk_norm: bool
+    tied: bool  # the LM head is the embedding (tie_word_embeddings)
 
 
 class LayerWeights(NamedTuple):
-    """One block's weights as the step reads them: the model's own tensors, or (fused) concatenations
-    of them that the Decoder refreshes in place at the start of every generation."""
+    """One block's weights as the step reads them (views of the packed weights)."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -115,8 +131,91 @@ class ModelWeights(NamedTuple):
     layers: tuple[LayerWeights, ...]
     final_norm: torch.Tensor
     lm_head: torch.Tensor
-    cos: torch.Tensor  # (max_positions, D), the model's RoPE tables
+    cos: torch.Tensor  # (L, D): the RoPE tables of the positions the cache holds
     sin: torch.Tensor
+
+
+# --- the packed weights ------------------------------------------------------------------------------
+
+
+def layer_pieces(shape: Shape, plan: StepPlan) -> list[tuple[str, tuple[int, ...]]]:
+    """One block's tensors in the order they lie in the packed weights, with their shapes."""
+    hidden, heads, kv_heads, head_dim, inner = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate
+    pieces = [("input_norm", (hidden,)), ("post_norm", (hidden,))]
+    if plan.fused_qkv:
+        pieces.append(("qkv", ((heads + 2 * kv_heads) * head_dim, hidden)))
+    else:
+        pieces += [("q", (heads * head_dim, hidden)), ("k", (kv_heads * head_dim, hidden)),
+                   ("v", (kv_heads * head_dim, hidden))]
+    if shape.qk_norm:
+        pieces += [("qk_norm", (heads + kv_heads, head_dim))] if plan.fused_qkv else [("q_norm", (head_dim,)),
+                                                                                     ("k_norm", (head_dim,))]
+    pieces.append(("o", (hidden, heads * head_dim)))
+    pieces += [("gate_up", (2 * inner, hidden))] if plan.fused_gate_up else [("gate", (inner, hidden)),
+                                                                           ("up", (inner, hidden))]
+    pieces.append(("down", (hidden, inner)))
+    return pieces
+
+
+def pack_layout(shape: Shape, plan: StepPlan) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of the packed weights, in order: the embedding, each block's pieces (named
+    "3.qkv"), the final norm, the LM head (unless it is the embedding), the RoPE tables."""
+    layout = [("embed", (shape.vocab, shape.hidden))]
+    for index in range(shape.layers):
+        layout += [(f"{index}.{name}", size) for name, size in layer_pieces(shape, plan)]
+    layout.append(("final_norm", (shape.hidden,)))
+    if not shape.tied:
+        layout.append(("lm_head", (shape.vocab, shape.hidden)))
+    layout += [("cos", (shape.positions, shape.head_dim)), ("sin", (shape.positions, shape.head_dim))]
+    return layout
+
+
+def unpack(packed: torch.Tensor, shape: Shape, plan: StepPlan) -> ModelWeights:
+    """The packed weights as the step reads them: views, no copy (in compiled code, not even a call)."""
+    views, offset = {}, 0
+    for name, size in pack_layout(shape, plan):
+        count = math.prod(size)
+        views[name] = packed[offset : offset + count].view(size)
+        offset += count
+
+    def pieces(index: int, *names: str) -> tuple[torch.Tensor, ...]:
+        return tuple(views[f"{index}.{name}"] for name in names if f"{index}.{name}" in views)
+
+    layers = tuple(
+        LayerWeights(views[f"{i}.input_norm"], views[f"{i}.post_norm"], pieces(i, "qkv", "q", "k", "v"),
+                     pieces(i, "qk_norm", "q_norm", "k_norm"), views[f"{i}.o"], pieces(i, "gate_up", "gate", "up"),
+                     views[f"{i}.down"])
+        for i in range(shape.layers))
+    return ModelWeights(views["embed"], layers, views["final_norm"], views.get("lm_head", views["embed"]),
+                        views["cos"], views["sin"])
+
+
+def piece_source(model: MiniMindForCausalLM, name: str, shape: Shape) -> torch.Tensor:
+    """The model's tensor (or tensors, concatenated) that the packed weights hold under `name`."""
+    inner = model.model
+    if name in ("cos", "sin"):
+        return getattr(inner, f"freqs_{name}")[: shape.positions]
+    if name == "embed":
+        return inner.embed_tokens.weight
+    if name == "final_norm":
+        return inner.norm.weight
+    if name == "lm_head":
+        return model.lm_head.weight
+    index, piece = name.split(".")
+    block = inner.layers[int(index)]
+    attention, ffn = block.self_attn, block.mlp
+    own = {"input_norm": block.input_layernorm, "post_norm": block.post_attention_layernorm,
+           "q": attention.q_proj, "k": attention.k_proj, "v": attention.v_proj, "o": attention.o_proj,
+           "gate": ffn.gate_proj, "up": ffn.up_proj, "down": ffn.down_proj}
+    if piece in own:
+        return own[piece].weight
+    if piece == "q_norm" or piece == "k_norm":
+        return getattr(attention, piece).weight
+    if piece == "qkv":
+        return torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+    if piece == "qk_norm":  # one row per head: q's H rows, then k's KV rows
+        return torch.cat([attention.q_norm.weight.expand(shape.heads, -1), attention.k_norm.weight.expand(shape.kv_heads, -1)])
+    return torch.cat([ffn.gate_proj.weight, ffn.up_proj.weight])  # gate_up
 
 
 # --- the step ------------------------------------------------------------------------------------
@@ -130,8 +229,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-    """x @ weight.T; with `rowwise_matmul`, written as a product and a sum over the last axis, which
-    the compiler turns into one loop it can fuse with the operations around it (no library call)."""
+    """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis."""
     if plan.rowwise_matmul:
         return (x.unsqueeze(-2) * weight).sum(-1)
     return F.linear(x, weight)
@@ -161,8 +259,7 @@ def project_qkv(x: torch.Tensor, layer: LayerWeights, shape: Shape, cos, sin, pl
     qk, v = heads_out.split([heads + kv_heads, kv_heads], dim=2)
     if shape.qk_norm:
         qk = rms_norm(qk, layer.qk_norm[0], shape.eps)  # weight (H + KV, D): q's rows, then k's
-    qk = apply_rope(qk, cos, sin)
-    q, k = qk.split([heads, kv_heads], dim=2)
+    q, k = apply_rope(qk, cos, sin).split([heads, kv_heads], dim=2)
     return q, k, v
 
 
@@ -202,10 +299,10 @@ def mlp(x: torch.Tensor, layer: LayerWeights, shape: Shape, plan: StepPlan) -> t
 
 
 def step_logits(token_ids: torch.Tensor, position: torch.Tensor, padding_bias: torch.Tensor, weights: ModelWeights,
-                keys_t: list[torch.Tensor], values: list[torch.Tensor], shape: Shape, plan: StepPlan) -> torch.Tensor:
+                keys_t, values, shape: Shape, plan: StepPlan) -> torch.Tensor:
     """One decode step with static shapes: the logits (B, V) after `token_ids` (B, 1) at `position`
     (a (1,) tensor, the same for every row), its K and V written into the cache at that position
-    (per layer keys_t (B, KV, D, L) and values (B, KV, L, D)). padding_bias (B, L): -1e9 at the
+    (per layer keys_t[i] (B, KV, D, L) and values[i] (B, KV, L, D)). padding_bias (B, L): -1e9 at the
     prompt's padding, else 0."""
     cache_length = values[0].shape[2]
     cos, sin = weights.cos[position], weights.sin[position]  # (1, D): this position's rotation
@@ -221,6 +318,12 @@ def step_logits(token_ids: torch.Tensor, position: torch.Tensor, padding_bias: t
         hidden = hidden + mlp(rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, plan)
     hidden = rms_norm(hidden, weights.final_norm, shape.eps)
     return linear(hidden[:, 0], weights.lm_head, plan)
+
+
+def packed_step_logits(token_ids, position, padding_bias, packed, keys_t, values, shape: Shape, plan: StepPlan):
+    """`step_logits` on the six tensors a Decoder owns (what is compiled): the packed weights unpacked
+    into views, the cache's K and V of every layer (layers, B, KV, D, L) and (layers, B, KV, L, D)."""
+    return step_logits(token_ids, position, padding_bias, unpack(packed, shape, plan), keys_t, values, shape, plan)
 
 
 # --- the compiler ----------------------------------------------------------------------------------
@@ -239,14 +342,13 @@ _COMPILED: dict[tuple, object] = {}
 
 
 def compiled_step(mode: str, cpp_wrapper: bool):
-    """`step_logits` compiled for `mode`, one wrapper per mode for the whole process: its compiled
-    code is keyed by the inputs' shapes, dtypes and devices (and the plan and Shape's values), so
-    every Decoder with the same shapes shares it. `cpp_wrapper`: inductor writes the code that calls
-    the kernels in C++ too, not Python (mode "default" only)."""
+    """`packed_step_logits` compiled for `mode`, one wrapper per mode for the whole process: its
+    compiled code is keyed by the inputs' shapes, dtypes and devices (and the plan's and Shape's
+    values), so every Decoder with the same shapes shares it."""
     key = (mode, cpp_wrapper)
     if key not in _COMPILED:
         how = {"options": {"cpp_wrapper": True}} if cpp_wrapper else {"mode": mode}
-        _COMPILED[key] = torch.compile(step_logits, dynamic=False, fullgraph=True, **how)
+        _COMPILED[key] = torch.compile(packed_step_logits, dynamic=False, fullgraph=True, **how)
     return _COMPILED[key]
 
 
@@ -260,19 +362,18 @@ def bucket_length(needed: int, limit: int) -> int:
 
 
 class DecodeCache(StaticCache):
-    """A StaticCache laid out for a one-token query: per layer the keys stored transposed,
-    (B, KV, D, L), and the values (B, KV, L, D), so that both of attention's products read the cache
-    as it lies (MiniMind's (B, L, KV, D) would be copied to a new layout first). `keys` and
-    `values` are (B, L, KV, D) views of them, as the model's eager forward (the prefill) writes
-    a StaticCache."""
+    """A StaticCache laid out for a one-token query: every layer's keys stored transposed,
+    (layers, B, KV, D, L), and its values (layers, B, KV, L, D), so that both of attention's products
+    read the cache as it lies (MiniMind's (B, L, KV, D) would be copied to a new layout first).
+    `keys` and `values` are per-layer (B, L, KV, D) views of them, as the model's eager forward
+    (the prefill) writes a StaticCache."""
 
     def __init__(self, config, batch: int, max_tokens: int, dtype, device):
         kv_heads, head_dim, layers = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
-        self.keys_t = [torch.zeros(batch, kv_heads, head_dim, max_tokens, dtype=dtype, device=device) for _ in range(layers)]
-        self.head_major_values = [torch.zeros(batch, kv_heads, max_tokens, head_dim, dtype=dtype, device=device)
-                                  for _ in range(layers)]
-        self.keys = [t.permute(0, 3, 1, 2) for t in self.keys_t]
-        self.values = [t.transpose(1, 2) for t in self.head_major_values]
+        self.keys_t = torch.zeros(layers, batch, kv_heads, head_dim, max_tokens, dtype=dtype, device=device)
+        self.head_major_values = torch.zeros(layers, batch, kv_heads, max_tokens, head_dim, dtype=dtype, device=device)
+        self.keys = [layer.permute(0, 3, 1, 2) for layer in self.keys_t]
+        self.values = [layer.transpose(1, 2) for layer in self.head_major_values]
         self.max_tokens = max_tokens
         self.length = 0
 
@@ -280,10 +381,11 @@ class DecodeCache(StaticCache):
 @dataclass
 class Decoder:
     """Everything one shape of generation needs, made once and reused by every generation of that
-    shape: the cache, the fused weights, the position and padding inputs, and the step to call.
+    shape: the cache, the packed weights, the position, token and padding inputs, and the step.
 
     `first_step_s` is the wall time of the first compiled step (compiling, or finding the compiled
-    code when another Decoder of the same shapes compiled it), kept apart from every timing."""
+    code when another Decoder of the same shapes compiled it), kept apart from every timing;
+    `steps` counts the decode steps run, `packs` how often the weights were packed."""
 
     model: MiniMindForCausalLM
     batch: int
@@ -292,123 +394,101 @@ class Decoder:
     cache: DecodeCache = field(init=False)
     first_step_s: float | None = None
     steps: int = 0
+    packs: int = 0
 
     def __post_init__(self):
         config, weight = self.model.config, self.model.lm_head.weight
         device = weight.device
+        self.shape = Shape(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                           config.head_dim, config.intermediate_size, config.num_hidden_layers, config.vocab_size,
+                           self.cache_length, config.rms_norm_eps, config.qk_norm,
+                           self.model.lm_head.weight is self.model.model.embed_tokens.weight)
+        self.layout = pack_layout(self.shape, self.plan)
+        self.packed = torch.zeros(sum(math.prod(size) for _, size in self.layout), dtype=weight.dtype, device=device)
+        self.weights = unpack(self.packed, self.shape, self.plan)  # views, for the eager step
         self.cache = DecodeCache(config, self.batch, self.cache_length, weight.dtype, device)
-        # the step's own inputs, at fixed addresses and strides: the token fed and its position
         self.token_ids = torch.zeros(self.batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.padding_bias = torch.zeros(self.batch, self.cache_length, dtype=torch.float32, device=device)
-        self.shape = Shape(config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-                           config.intermediate_size, config.rms_norm_eps, config.qk_norm)
-        self.fused = self._allocate_fused()
-        self.weights = None
-        mode = self.plan.compile_mode
-        if mode is None:
-            self.step_fn = step_logits
+        self._packed_from = None
+        if self.plan.compile_mode is None:
+            self.step_fn = None
         else:
             if device.type == "cuda":
-                self._fix_addresses()
-            self.step_fn = compiled_step(mode, self.plan.cpp_wrapper)
+                for tensor in (self.packed, self.cache.keys_t, self.cache.head_major_values, self.token_ids,
+                               self.position, self.padding_bias):
+                    torch._dynamo.mark_static_address(tensor)  # CUDA graphs replay fixed addresses
+            self.step_fn = compiled_step(self.plan.compile_mode, self.plan.cpp_wrapper)
 
-    def _allocate_fused(self) -> list[dict]:
-        """Per layer, the concatenated weights the plan asks for (filled by `refresh`)."""
-        fused = []
-        for block in self.model.model.layers:
-            attention, ffn = block.self_attn, block.mlp
-            layer = {}
-            if self.plan.fused_qkv:
-                rows = sum(p.weight.shape[0] for p in (attention.q_proj, attention.k_proj, attention.v_proj))
-                layer["qkv"] = attention.q_proj.weight.new_empty(rows, attention.q_proj.weight.shape[1])
-                if self.shape.qk_norm:
-                    layer["qk_norm"] = attention.q_norm.weight.new_empty(self.shape.heads + self.shape.kv_heads,
-                                                                         self.shape.head_dim)
-            if self.plan.fused_gate_up:
-                layer["gate_up"] = ffn.gate_proj.weight.new_empty(2 * self.shape.intermediate, ffn.gate_proj.weight.shape[1])
-            fused.append(layer)
-        return fused
-
-    def _fix_addresses(self):
-        """CUDA graphs replay fixed addresses: mark the cache, the step's inputs and the weights static."""
-        for tensor in (*self.cache.keys_t, *self.cache.head_major_values, self.padding_bias, self.token_ids,
-                       self.position):
-            torch._dynamo.mark_static_address(tensor)
-        for layer in self.fused:
-            for tensor in layer.values():
-                torch._dynamo.mark_static_address(tensor)
+    def _weights_version(self) -> tuple:
+        """Where each of the model's weights lies and how often it was changed in place."""
+        return tuple((tensor.data_ptr(), tensor._version) for tensor in self.model.parameters())
 
     @torch.no_grad()
-    def refresh(self) -> ModelWeights:
-        """The step's weights from the model's, read again: the model's own tensors where unfused, and
-        the fused ones rewritten in place (a copy of the projections' weights: microseconds) so they
-        follow any change of the model's weights since the last generation and keep their addresses."""
-        layers = []
-        for block, fused in zip(self.model.model.layers, self.fused):
-            attention, ffn = block.self_attn, block.mlp
-            projections = (attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight)
-            norms = (attention.q_norm.weight, attention.k_norm.weight) if self.shape.qk_norm else ()
-            gate_up = (ffn.gate_proj.weight, ffn.up_proj.weight)
-            if self.plan.fused_qkv:
-                torch.cat(projections, dim=0, out=fused["qkv"])
-                projections = (fused["qkv"],)
-                if norms:
-                    fused["qk_norm"][: self.shape.heads] = norms[0]
-                    fused["qk_norm"][self.shape.heads:] = norms[1]
-                    norms = (fused["qk_norm"],)
-            if self.plan.fused_gate_up:
-                torch.cat(gate_up, dim=0, out=fused["gate_up"])
-                gate_up = (fused["gate_up"],)
-            layers.append(LayerWeights(block.input_layernorm.weight, block.post_attention_layernorm.weight, projections,
-                                       norms, attention.o_proj.weight, gate_up, ffn.down_proj.weight))
-        inner = self.model.model
-        self.weights = ModelWeights(inner.embed_tokens.weight, tuple(layers), inner.norm.weight, self.model.lm_head.weight,
-                                    inner.freqs_cos, inner.freqs_sin)
-        return self.weights
+    def pack(self) -> None:
+        """Copy the model's weights into the packed weights, if any changed since the last packing."""
+        version = self._weights_version()
+        if version == self._packed_from:
+            return
+        offset = 0
+        for name, size in self.layout:
+            count = math.prod(size)
+            self.packed[offset : offset + count].view(size).copy_(piece_source(self.model, name, self.shape))
+            offset += count
+        self._packed_from = version
+        self.packs += 1
 
     def start(self, attention_mask: torch.Tensor | None) -> DecodeCache:
-        """Make the decoder ready for a new generation: the cache empty, the weights read again, the
-        prompt's padding (attention_mask (B, P), 0 at padding) set in the padding bias."""
+        """Make the decoder ready for a new generation: the cache empty, the weights packed if they
+        changed, the prompt's padding (attention_mask (B, P), 0 at padding) in the padding bias."""
         self.cache.length = 0
-        self.refresh()
+        self.pack()
         self.padding_bias.zero_()
         if attention_mask is not None:
-            prompt = attention_mask.shape[1]
-            self.padding_bias[:, :prompt] = (1.0 - attention_mask.float()) * PADDED_KEY_SCORE
+            self.padding_bias[:, : attention_mask.shape[1]] = (1.0 - attention_mask.float()) * PADDED_KEY_SCORE
         return self.cache
 
     def decode_step(self, input_ids, attention_mask, past_key_values, use_cache: bool, **knobs):
-        """`MiniMindForCausalLM.decode_step`'s contract: the prompt goes through the model's eager forward
+        """`MiniMindForCausalLM.decode_step`'s contract: the prompt goes through the model's eager modules
         (into this decoder's cache); each later token through the static-shape step. Then the
         eager next-token choice. Returns (outputs, (B, 1) ids)."""
         if self.cache.length == 0:
-            return self.model.decode_step(input_ids, attention_mask, self.cache, use_cache, **knobs)
-        self.position.fill_(self.cache.length)
-        self.token_ids.copy_(input_ids[:, -1:])  # a view of input_ids has a new stride each step
-        logits = self._run_step(self.token_ids)
-        self.cache.length += 1
+            logits = self._prefill(input_ids, attention_mask)
+        else:
+            self.position.fill_(self.cache.length)
+            self.token_ids.copy_(input_ids[:, -1:])  # a view of input_ids has a new stride each step
+            logits = self._run_step()
+            self.cache.length += 1
         next_token = sampling.next_token(logits, input_ids, **knobs)
         return CausalLMOutput(logits=logits[:, None, :], past_key_values=self.cache), next_token
 
-    def _run_step(self, token_ids: torch.Tensor) -> torch.Tensor:
-        args = (token_ids, self.position, self.padding_bias, self.weights, self.cache.keys_t,
-                self.cache.head_major_values, self.shape, self.plan)
-        if self.plan.compile_mode is not None and token_ids.device.type == "cuda":
+    def _prefill(self, input_ids, attention_mask) -> torch.Tensor:
+        """The prompt through the model's own eager blocks into the cache; the last position's logits."""
+        hidden, _ = self.model.model(input_ids, attention_mask, self.cache, use_cache=True)
+        return self.model.lm_head(hidden[:, -1, :])
+
+    def _run_step(self) -> torch.Tensor:
+        cache = self.cache
+        if self.step_fn is None:
+            return step_logits(self.token_ids, self.position, self.padding_bias, self.weights, cache.keys_t,
+                               cache.head_major_values, self.shape, self.plan)
+        args = (self.token_ids, self.position, self.padding_bias, self.packed, cache.keys_t, cache.head_major_values,
+                self.shape, self.plan)
+        on_gpu = self.token_ids.device.type == "cuda"
+        if on_gpu:
             torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last step's outputs may be reused
+        start = time.perf_counter()
+        logits = self.step_fn(*args)
         if self.steps == 0:
-            start = time.perf_counter()
-            logits = self.step_fn(*args)
-            if token_ids.device.type == "cuda":
+            if on_gpu:
                 torch.cuda.synchronize()
             self.first_step_s = time.perf_counter() - start
-        else:
-            logits = self.step_fn(*args)
         self.steps += 1
         return logits
 
 
 _DECODERS: "weakref.WeakKeyDictionary[MiniMindForCausalLM, dict]" = weakref.WeakKeyDictionary()
+_PLANS: "weakref.WeakKeyDictionary[MiniMindForCausalLM, StepPlan]" = weakref.WeakKeyDictionary()
 
 
 def decoders_of(model: MiniMindForCausalLM) -> dict:
@@ -427,30 +507,31 @@ def decoder_for(model: MiniMindForCausalLM, batch: int, needed: int, plan: StepP
     return found[key]
 
 
-def default_plan(device: torch.device) -> StepPlan:
-    """What `generate(..., compile=True)` runs: every fusion, compiled; with CUDA graphs on a GPU."""
-    return StepPlan(compile_mode="reduce-overhead" if device.type == "cuda" else "default")
+def default_plan(device) -> StepPlan:
+    """What `generate(..., compile=True)` runs: every fusion, compiled. On a CPU the matrix products
+    are written row by row, so that inductor fuses the whole step into its own C++ loops, called from
+    C++ (no library call, no Python between kernels); on a GPU, cuBLAS's products and CUDA graphs
+    (mode "reduce-overhead": the step replayed as one launch)."""
+    if torch.device(device).type == "cuda":
+        return StepPlan(compile_mode="reduce-overhead")
+    return StepPlan(rowwise_matmul=True, cpp_wrapper=True)
 
 
 NO_COMPILER = ("generate(compile=True): no C++ compiler found (torch.compile needs one on a CPU; "
                "install g++ or set CXX), so this generation runs the eager static path")
 
 
-def decoding(model: MiniMindForCausalLM, input_ids: torch.Tensor, attention_mask, needed: int,
-             plan: StepPlan | None = None):
+def decoding(model: MiniMindForCausalLM, input_ids: torch.Tensor, attention_mask, needed: int):
     """(decode_step, cache) for `generate(..., kv_cache="static", compile=True)`: a Decoder's step and
     its emptied cache; with no C++ compiler on a CPU, one warning and the eager static path's."""
     device = input_ids.device
-    plan = plan or _PLANS.get(model) or default_plan(device)
+    plan = _PLANS.get(model) or default_plan(device)
     if plan.compile_mode is not None and device.type == "cpu" and find_cpp_compiler() is None:
         warnings.warn(NO_COMPILER, RuntimeWarning, stacklevel=3)
         cache = StaticCache(model.config, input_ids.shape[0], needed, model.lm_head.weight.dtype, device)
         return model.decode_step, cache
     decoder = decoder_for(model, input_ids.shape[0], needed, plan)
     return decoder.decode_step, decoder.start(attention_mask)
-
-
-_PLANS: "weakref.WeakKeyDictionary[MiniMindForCausalLM, StepPlan]" = weakref.WeakKeyDictionary()
 
 
 def generate(model: MiniMindForCausalLM, inputs: torch.Tensor, plan: StepPlan, **generate_kwargs) -> torch.Tensor:
