@@ -11,12 +11,19 @@ from kvlab.engine import fast
 from kvlab.engine.checkpoint import load_model, save_checkpoint
 from kvlab.lab import decode_bench
 
-from helpers import TINY_FAST, random_model
+from helpers import TINY_FAST, random_model, torch_threads
 
 FAKE_MINIMIND = Path(__file__).parent / "fake_minimind" / "model_minimind.py"
 PROMPT_IDS = [1, 5, 6, 7, 8, 9, 10, 11]
 ROW_KEYS = {"path", "new_tokens", "ms_per_token", "q1_ms", "q3_ms", "iqr_share", "unstable", "n", "same_tokens_as_cat",
             "compile_s", "first_generation_s", "cache_length", "times_limit", "samples_s"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the benchmark times (the compiled step is made for a thread count)."""
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +38,10 @@ def tiny_and_minimind(tmp_path_factory):
 
 def test_every_path_side_by_side_with_its_spread_and_the_limit_below_all(tiny_and_minimind):
     model, minimind_model = tiny_and_minimind
-    threads = torch.get_num_threads()
-    result = decode_bench.decode_bench(model, PROMPT_IDS, new_tokens=(9, 4), runs=3, warmup=0, max_seconds=0,
-                                       minimind_model=minimind_model)
-    assert torch.get_num_threads() == threads  # one thread while timing, restored after
+    with torch_threads(2):
+        result = decode_bench.decode_bench(model, PROMPT_IDS, new_tokens=(9, 4), runs=3, warmup=0, max_seconds=0,
+                                           minimind_model=minimind_model)
+        assert torch.get_num_threads() == 2  # one thread while timing, restored after
     assert result["torch_threads"] == 1 and result["new_tokens"] == [4, 9]
     assert result["paths"] == list(decode_bench.PATHS)
     rows = {(row["path"], row["new_tokens"]): row for row in result["rows"]}

@@ -10,7 +10,7 @@ from kvlab.engine import fast, sampling
 from kvlab.engine.model import left_pad
 from kvlab.lab.steps import GREEDY
 
-from helpers import TINY_FAST, random_model
+from helpers import TINY_FAST, random_model, torch_threads
 
 PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11]])
 LOGITS_WITHIN = 1e-5
@@ -23,6 +23,15 @@ EAGER_PLANS = [fast.StepPlan(fused_qkv=False, fused_gate_up=False, attention="re
                fast.StepPlan(fused_qkv=False, fused_gate_up=False, attention="sdpa", compile_mode=None),
                fast.StepPlan(attention="sdpa", compile_mode=None),
                fast.StepPlan(attention="grouped", compile_mode=None)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the decode benchmark times: compiled code is made for a thread count (one
+    of its guards), so the compiling tests share one compile with tests/test_decode_bench.py; and a
+    model this small is no faster on two."""
+    with torch_threads(1):
+        yield
 
 
 def compiles() -> int:

@@ -39,8 +39,10 @@ attention over up to BUCKET_POSITIONS - 1 masked positions. Its packed weights a
 model's, packed again at the start of a generation whenever a weight has changed since (a tensor's
 version counter counts its in-place changes: a training step, load_state_dict). On a GPU the step
 is compiled with mode "reduce-overhead" (CUDA graphs: the step replayed as one launch), its inputs
-at fixed addresses. Where no C++ compiler is found on a CPU (inductor writes C++ there), `generate`
-says so in one line and runs the eager static path. A Decoder serves one generation at a time.
+at fixed addresses. Compiled code is made for torch's thread count too (one of its guards): another
+count compiles the step again. Where no C++ compiler is found on a CPU (inductor writes C++ there),
+`generate` says so in one line and runs the eager static path. A Decoder serves one generation at a
+time.
 """
 
 from __future__ import annotations
