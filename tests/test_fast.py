@@ -1,6 +1,8 @@
 """The fast decode path (kvlab.engine.fast): MiniMind's tokens and logits from every step plan, one
 compile per shape and none within a generation, the weights followed, the missing compiler."""
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -119,6 +121,10 @@ def test_the_fused_weights_follow_the_model_s(monkeypatch):
     after = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
     assert not torch.equal(before, after), "the change must show in the tokens for the check to mean anything"
     assert list(fast.decoders_of(model).values()) == [decoder] and decoder.packs == 2  # packed again
+    held = weakref.ref(model)
+    del model, decoder, run
+    gc.collect()
+    assert held() is None, "a Decoder must not keep its model alive"
 
 
 def test_cache_lengths_are_bucketed_and_capped():

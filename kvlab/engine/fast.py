@@ -51,7 +51,7 @@ import math
 import time
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -363,6 +363,13 @@ def bucket_length(needed: int, limit: int) -> int:
     return min(-(-needed // BUCKET_POSITIONS) * BUCKET_POSITIONS, limit)
 
 
+def shape_of(model: MiniMindForCausalLM, cache_length: int) -> Shape:
+    config = model.config
+    return Shape(config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+                 config.intermediate_size, config.num_hidden_layers, config.vocab_size, cache_length,
+                 config.rms_norm_eps, config.qk_norm, model.lm_head.weight is model.model.embed_tokens.weight)
+
+
 class DecodeCache(StaticCache):
     """A StaticCache laid out for a one-token query: every layer's keys stored transposed,
     (layers, B, KV, D, L), and its values (layers, B, KV, L, D), so that both of attention's products
@@ -380,47 +387,45 @@ class DecodeCache(StaticCache):
         self.length = 0
 
 
-@dataclass
 class Decoder:
     """Everything one shape of generation needs, made once and reused by every generation of that
     shape: the cache, the packed weights, the position, token and padding inputs, and the step.
+    It holds its model weakly (the model's Decoders go with the model).
 
     `first_step_s` is the wall time of the first compiled step (compiling, or finding the compiled
     code when another Decoder of the same shapes compiled it), kept apart from every timing;
     `steps` counts the decode steps run, `packs` how often the weights were packed."""
 
-    model: MiniMindForCausalLM
-    batch: int
-    cache_length: int
-    plan: StepPlan
-    cache: DecodeCache = field(init=False)
-    first_step_s: float | None = None
-    steps: int = 0
-    packs: int = 0
-
-    def __post_init__(self):
-        config, weight = self.model.config, self.model.lm_head.weight
-        device = weight.device
-        self.shape = Shape(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                           config.head_dim, config.intermediate_size, config.num_hidden_layers, config.vocab_size,
-                           self.cache_length, config.rms_norm_eps, config.qk_norm,
-                           self.model.lm_head.weight is self.model.model.embed_tokens.weight)
-        self.layout = pack_layout(self.shape, self.plan)
-        self.packed = torch.zeros(sum(math.prod(size) for _, size in self.layout), dtype=weight.dtype, device=device)
-        self.weights = unpack(self.packed, self.shape, self.plan)  # views, for the eager step
-        self.cache = DecodeCache(config, self.batch, self.cache_length, weight.dtype, device)
-        self.token_ids = torch.zeros(self.batch, 1, dtype=torch.long, device=device)
-        self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self.padding_bias = torch.zeros(self.batch, self.cache_length, dtype=torch.float32, device=device)
+    def __init__(self, model: MiniMindForCausalLM, batch: int, cache_length: int, plan: StepPlan):
+        self._model = weakref.ref(model)
+        self.batch, self.cache_length, self.plan = batch, cache_length, plan
+        self.first_step_s: float | None = None
+        self.steps = 0
+        self.packs = 0
+        config, weight = model.config, model.lm_head.weight
+        dtype, device = weight.dtype, weight.device
+        self.shape = shape_of(model, cache_length)
+        self.layout = pack_layout(self.shape, plan)
+        self.packed = torch.zeros(sum(math.prod(size) for _, size in self.layout), dtype=dtype, device=device)
+        self.weights = unpack(self.packed, self.shape, plan)  # views, for the eager step
         self._packed_from = None
-        if self.plan.compile_mode is None:
-            self.step_fn = None
-        else:
-            if device.type == "cuda":
-                for tensor in (self.packed, self.cache.keys_t, self.cache.head_major_values, self.token_ids,
-                               self.position, self.padding_bias):
-                    torch._dynamo.mark_static_address(tensor)  # CUDA graphs replay fixed addresses
-            self.step_fn = compiled_step(self.plan.compile_mode, self.plan.cpp_wrapper)
+        self.cache = DecodeCache(config, batch, cache_length, dtype, device)
+        self.token_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.padding_bias = torch.zeros(batch, cache_length, dtype=torch.float32, device=device)
+        self.step_fn = None if plan.compile_mode is None else compiled_step(plan.compile_mode, plan.cpp_wrapper)
+        if self.step_fn is not None and device.type == "cuda":
+            for tensor in self.step_inputs():
+                torch._dynamo.mark_static_address(tensor)  # CUDA graphs replay fixed addresses
+
+    def step_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The six tensors the compiled step reads, in its order."""
+        return (self.token_ids, self.position, self.padding_bias, self.packed, self.cache.keys_t,
+                self.cache.head_major_values)
+
+    @property
+    def model(self) -> MiniMindForCausalLM:
+        return self._model()
 
     def _weights_version(self) -> tuple:
         """Where each of the model's weights lies and how often it was changed in place."""
@@ -459,7 +464,7 @@ class Decoder:
         else:
             self.position.fill_(self.cache.length)
             self.token_ids.copy_(input_ids[:, -1:])  # a view of input_ids has a new stride each step
-            logits = self._run_step()
+            logits = self.run_step()
             self.cache.length += 1
         next_token = sampling.next_token(logits, input_ids, **knobs)
         return CausalLMOutput(logits=logits[:, None, :], past_key_values=self.cache), next_token
@@ -469,23 +474,27 @@ class Decoder:
         hidden, _ = self.model.model(input_ids, attention_mask, self.cache, use_cache=True)
         return self.model.lm_head(hidden[:, -1, :])
 
-    def _run_step(self) -> torch.Tensor:
-        cache = self.cache
+    def run_step(self) -> torch.Tensor:
+        """One decode step of `token_ids` at `position`: (B, V) logits, K and V written into the cache."""
         if self.step_fn is None:
-            return step_logits(self.token_ids, self.position, self.padding_bias, self.weights, cache.keys_t,
-                               cache.head_major_values, self.shape, self.plan)
-        args = (self.token_ids, self.position, self.padding_bias, self.packed, cache.keys_t, cache.head_major_values,
-                self.shape, self.plan)
+            logits = step_logits(self.token_ids, self.position, self.padding_bias, self.weights, self.cache.keys_t,
+                                 self.cache.head_major_values, self.shape, self.plan)
+        else:
+            logits = self._compiled_step()
+        self.steps += 1
+        return logits
+
+    def _compiled_step(self) -> torch.Tensor:
+        """The compiled step; the first one's wall time (its compiling) kept as first_step_s."""
         on_gpu = self.token_ids.device.type == "cuda"
         if on_gpu:
             torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last step's outputs may be reused
         start = time.perf_counter()
-        logits = self.step_fn(*args)
+        logits = self.step_fn(*self.step_inputs(), self.shape, self.plan)
         if self.steps == 0:
             if on_gpu:
                 torch.cuda.synchronize()
             self.first_step_s = time.perf_counter() - start
-        self.steps += 1
         return logits
 
 

@@ -241,7 +241,7 @@ def operator_calls(model, prompt_ids: list[int], plans: dict, device="cpu") -> d
                 raise ValueError(f"operator_calls: plan {name!r} is compiled; count eager plans only")
             fast.generate(model, prompt, plan, max_new_tokens=2, **steps.GREEDY)  # fills its Decoder's cache
             decoder = fast.decoder_for(model, 1, prompt.shape[1] + 1, plan)
-            counts[name] = _calls_in(decoder._run_step)
+            counts[name] = _calls_in(decoder.run_step)
     return counts
 
 
