@@ -80,8 +80,11 @@ class StepPlan:
     compile_mode: a torch.compile mode ("default"; "reduce-overhead" adds CUDA graphs on a GPU), or
         None to run the same step eagerly (to measure what the fusions buy without compiling).
     cpp_wrapper: inductor writes the code that calls its kernels in C++ too (mode "default" only).
-    rowwise_matmul: each matrix product written as a product and a sum, which inductor compiles
-        into its own loops, fused with what comes before and after (compiled plans only).
+    rowwise_matmul: each product with a weight matrix written as a product and a sum (one output
+        per row of the weight), which inductor compiles into its own loops, fused with what comes
+        before and after, instead of calling the BLAS library (compiled plans only). Attention's two
+        products stay matrix products: written so, their query would be computed again (its norm and
+        rotation) for every block of keys inside the loop.
     """
 
     fused_qkv: bool = True
@@ -237,13 +240,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan) -> torch.Tenso
     return F.linear(x, weight)
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-    """a @ b, (..., M, K) @ (..., K, N); with `rowwise_matmul`, as a product and a sum over K."""
-    if plan.rowwise_matmul:
-        return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2)
-    return a @ b
-
-
 def project_qkv(x: torch.Tensor, layer: LayerWeights, shape: Shape, cos, sin, plan: StepPlan):
     """q (B, 1, H, D), k and v (B, 1, KV, D) of one token per row, q/k normed and rotated."""
     batch = x.shape[0]
@@ -286,9 +282,9 @@ def attend(q, keys_t, values, key_bias, shape: Shape, plan: StepPlan) -> torch.T
         # scores (B, KV, n_rep, L)
         k_t, v = keys_t, values
         grouped_q = q.view(batch, kv_heads, n_rep, head_dim)
-    scores = matmul(grouped_q, k_t, plan) / math.sqrt(head_dim)
+    scores = (grouped_q @ k_t) / math.sqrt(head_dim)
     weights = F.softmax(scores.float() + key_bias, dim=-1).type_as(q)
-    return matmul(weights, v, plan).reshape(batch, 1, heads * head_dim)
+    return (weights @ v).reshape(batch, 1, heads * head_dim)
 
 
 def mlp(x: torch.Tensor, layer: LayerWeights, shape: Shape, plan: StepPlan) -> torch.Tensor:

@@ -3,7 +3,8 @@ cache, with a preallocated cache, with the compiled step (kvlab.engine.fast), an
 own `generate` when its module is given; and how far each is from what this core's arithmetic allows.
 
 Every path generates the same greedy tokens after the same prompt (steps 1-3's setting), and each
-path's tokens are compared with the torch.cat path's. The paths are timed in one process on one
+path's tokens are compared with the torch.cat path's. A path's ms per token is a whole generation's
+wall time (its prefill included) over its new tokens. The paths are timed in one process on one
 torch thread, in rounds: each round runs every path once at every length, so a drift of the machine
 (a neighbour on the core) reaches them all alike. Warm-up generations, and the compiled path's
 compiling (its first generation of each length), are kept out of the timings and reported apart.
@@ -17,6 +18,7 @@ something else (operator calls, memory traffic) rather than arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 
@@ -195,7 +197,7 @@ def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int 
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
     device = torch.device(device)
-    plan = fast.default_plan(device) if compile_mode is None else fast.StepPlan(compile_mode=compile_mode)
+    plan = compiled_plan(device, compile_mode)
     plans = {"compiled": plan, **{f"plan:{name}": p for name, p in (extra_plans or {}).items()}}
     prompt = steps.prompt_tensor(model, prompt_ids, max(lengths), device)
     kept_threads = torch.get_num_threads()
@@ -266,6 +268,15 @@ def _calls_in(step) -> int:
     events = prof.events()
     scope = next(event for event in events if event.name == "kvlab::counted_step")
     return sum(1 for event in events if event.cpu_parent is scope)
+
+
+def compiled_plan(device, compile_mode: str | None) -> fast.StepPlan:
+    """`generate(..., compile=True)`'s plan on `device` (kvlab.engine.fast.default_plan), with another
+    torch.compile mode when one is given (the C++ wrapper is mode "default"'s only)."""
+    plan = fast.default_plan(device)
+    if compile_mode is None:
+        return plan
+    return dataclasses.replace(plan, compile_mode=compile_mode, cpp_wrapper=plan.cpp_wrapper and compile_mode == "default")
 
 
 def _checked_lengths(new_tokens) -> list[int]:
