@@ -8,12 +8,12 @@ keeps MiniMind's tokens:
   (`DecodeCache`), the position it writes as a tensor, and a padding mask, so every step of a
   generation has the same shapes and runs the same code: `torch.compile` compiles it once
   (`dynamic=False`, `fullgraph=True`), and each later step only checks its guards and runs it.
-- **Few inputs.** The step reads six tensors, all owned by its `Decoder` at fixed addresses: the
-  packed weights (one flat copy of every weight the step needs, `pack_layout`), K and V of every
-  layer, the token, the position, the padding. The compiled code checks each input before it runs
-  (the guards, then the wrapper's asserts), so six inputs cost less than the model's forty-odd
-  tensors; the weights are inputs, not constants baked into the code, so another model of the same
-  architecture reuses the compiled step.
+- **Few inputs.** The step reads tensors all owned by its `Decoder` at fixed addresses: the packed
+  weights (one flat copy of every weight the step needs, `pack_layout`), K and V of each layer, the
+  token, the position, the padding: twelve for the lab's four layers. The compiled code checks each
+  input before it runs (the guards, then the wrapper's asserts), so twelve cost less than the
+  model's forty-odd tensors; the weights are inputs, not constants baked into the code, so another
+  model of the same architecture reuses the compiled step.
 - **Fewer operator calls** (`StepPlan`): q, k and v from one matrix product of concatenated
   weights, q/k norm and RoPE applied to q and k at once; gate and up from one product; attention
   over the grouped heads without materialising `repeat_kv`; RoPE from tables indexed by the
@@ -319,8 +319,8 @@ def step_logits(token_ids: torch.Tensor, position: torch.Tensor, padding_bias: t
 
 
 def packed_step_logits(token_ids, position, padding_bias, packed, keys_t, values, shape: Shape, plan: StepPlan):
-    """`step_logits` on the six tensors a Decoder owns (what is compiled): the packed weights unpacked
-    into views, the cache's K and V of every layer (layers, B, KV, D, L) and (layers, B, KV, L, D)."""
+    """`step_logits` on the tensors a Decoder owns (what is compiled): the packed weights unpacked
+    into views, the cache's K and V, per layer (B, KV, D, L) and (B, KV, L, D)."""
     return step_logits(token_ids, position, padding_bias, unpack(packed, shape, plan), keys_t, values, shape, plan)
 
 
@@ -367,16 +367,19 @@ def shape_of(model: MiniMindForCausalLM, cache_length: int) -> Shape:
 
 
 class DecodeCache(StaticCache):
-    """A StaticCache laid out for a one-token query: every layer's keys stored transposed,
-    (layers, B, KV, D, L), and its values (layers, B, KV, L, D), so that both of attention's products
-    read the cache as it lies (MiniMind's (B, L, KV, D) would be copied to a new layout first).
-    `keys` and `values` are per-layer (B, L, KV, D) views of them, as the model's eager forward
-    (the prefill) writes a StaticCache."""
+    """A StaticCache laid out for a one-token query: per layer the keys stored transposed,
+    (B, KV, D, L), and the values (B, KV, L, D), so that both of attention's products read the cache
+    as it lies (MiniMind's (B, L, KV, D) would be copied to a new layout first). `keys` and `values`
+    are (B, L, KV, D) views of them, as the model's eager forward (the prefill) writes a StaticCache.
+    One tensor per layer, not one for all: the compiled step writes a whole input in place, where
+    it would copy a tensor to write into a view of it."""
 
     def __init__(self, config, batch: int, max_tokens: int, dtype, device):
         kv_heads, head_dim, layers = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
-        self.keys_t = torch.zeros(layers, batch, kv_heads, head_dim, max_tokens, dtype=dtype, device=device)
-        self.head_major_values = torch.zeros(layers, batch, kv_heads, max_tokens, head_dim, dtype=dtype, device=device)
+        self.keys_t = [torch.zeros(batch, kv_heads, head_dim, max_tokens, dtype=dtype, device=device)
+                       for _ in range(layers)]
+        self.head_major_values = [torch.zeros(batch, kv_heads, max_tokens, head_dim, dtype=dtype, device=device)
+                                  for _ in range(layers)]
         self.keys = [layer.permute(0, 3, 1, 2) for layer in self.keys_t]
         self.values = [layer.transpose(1, 2) for layer in self.head_major_values]
         self.max_tokens = max_tokens
@@ -411,13 +414,17 @@ class Decoder:
         self.padding_bias = torch.zeros(batch, cache_length, dtype=torch.float32, device=device)
         self.step_fn = None if plan.compile_mode is None else compiled_step(plan.compile_mode, plan.cpp_wrapper)
         if self.step_fn is not None and device.type == "cuda":
-            for tensor in self.step_inputs():
+            for tensor in self.step_tensors():
                 torch._dynamo.mark_static_address(tensor)  # CUDA graphs replay fixed addresses
 
-    def step_inputs(self) -> tuple[torch.Tensor, ...]:
-        """The six tensors the compiled step reads, in its order."""
+    def step_inputs(self) -> tuple:
+        """What the compiled step reads, in its order: four tensors, then per layer K and V."""
         return (self.token_ids, self.position, self.padding_bias, self.packed, self.cache.keys_t,
                 self.cache.head_major_values)
+
+    def step_tensors(self) -> list[torch.Tensor]:
+        """Every tensor of `step_inputs`."""
+        return [*self.step_inputs()[:4], *self.cache.keys_t, *self.cache.head_major_values]
 
     @property
     def model(self) -> MiniMindForCausalLM:
