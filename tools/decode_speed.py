@@ -78,13 +78,13 @@ def minimind_twin(model: MiniMindForCausalLM, source: Path, folder: Path):
 
 def table(result: dict) -> str:
     """The rows as a fixed-width table, then the limit and the speedups."""
-    lines = [f"{'path':44} {'tokens':>6} {'ms/token':>9} {'q1':>8} {'q3':>8} {'iqr%':>5} {'n':>3} "
+    lines = [f"{'path':44} {'tokens':>6} {'ms/token':>9} {'q1':>8} {'q3':>8} {'iqr%':>5} {'n':>3} {'cpu ms':>7} "
              f"{'same':>5} {'compile s':>9} {'x limit':>8}"]
     for row in result["rows"]:
         compile_s = "" if row["compile_s"] is None else f"{row['compile_s']:.1f}"
         flag = " unstable" if row["unstable"] else ""
         lines.append(f"{row['path']:44} {row['new_tokens']:>6} {row['ms_per_token']:>9.3f} {row['q1_ms']:>8.3f} "
-                     f"{row['q3_ms']:>8.3f} {100 * row['iqr_share']:>5.1f} {row['n']:>3} "
+                     f"{row['q3_ms']:>8.3f} {100 * row['iqr_share']:>5.1f} {row['n']:>3} {row['cpu_ms_per_token']:>7.3f} "
                      f"{str(row['same_tokens_as_cat']):>5} {compile_s:>9} {row['times_limit']:>8.1f}{flag}")
     rate = result["limit"]["matmul"]
     lines.append(f"matrix product {rate['matrix']}^2: {rate['gflops']:.1f} GFLOP/s "

@@ -141,37 +141,44 @@ def first_generations(model, generators: dict, prompt, lengths, plans: dict, dev
     return first
 
 
-def timed_rounds(generators: dict, prompt, lengths, warmup: int, runs: int, max_seconds: float, device) -> dict:
-    """Seconds of every (path, length) generation, in rounds: `warmup` untimed rounds, then rounds of
-    one run of each, at least `runs` of them, more while any timing is unstable (IQR / median >= 10%)
-    and `max_seconds` of rounds have not passed."""
+def timed_rounds(generators: dict, prompt, lengths, warmup: int, runs: int, max_seconds: float, device):
+    """Wall seconds of every (path, length) generation, in rounds: `warmup` untimed rounds, then rounds
+    of one run of each, at least `runs` of them, more while any timing is unstable (IQR / median >=
+    10%) and `max_seconds` of rounds have not passed. Returns (wall seconds, this thread's CPU
+    seconds of the same runs), each {(path, length): [per run]}: a run that waited for the core
+    shows less CPU than wall time."""
     def run_once(name, n):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.thread_time()
         generators[name](prompt, n)
         steps.sync(device)
-        return time.perf_counter() - start
+        return time.perf_counter() - wall, time.thread_time() - cpu
 
     pairs = [(name, n) for n in lengths for name in generators]
     for _ in range(warmup):
         for pair in pairs:
             run_once(*pair)
     samples = {pair: [] for pair in pairs}
+    cpu = {pair: [] for pair in pairs}
     started = time.perf_counter()
     while True:
         for pair in pairs:
-            samples[pair].append(run_once(*pair))
+            wall_s, cpu_s = run_once(*pair)
+            samples[pair].append(wall_s)
+            cpu[pair].append(cpu_s)
         done = len(samples[pairs[0]])
         unstable = any(timing.summary(values)["unstable"] for values in samples.values())
         if done >= runs and (not unstable or time.perf_counter() - started >= max_seconds):
-            return samples
+            return samples, cpu
 
 
-def _row(name: str, n: int, seconds: list[float], first: dict, cat_ids: list[int], limit_ms: float) -> dict:
+def _row(name: str, n: int, seconds: list[float], cpu_seconds: list[float], first: dict, cat_ids: list[int],
+         limit_ms: float) -> dict:
     per_token = timing.summary([s / n for s in seconds])
     ms = per_token["median_s"] * 1e3
     return {"path": name, "new_tokens": n, "ms_per_token": ms, "q1_ms": per_token["q1_s"] * 1e3,
             "q3_ms": per_token["q3_s"] * 1e3, "iqr_share": per_token["iqr_share"], "unstable": per_token["unstable"],
-            "n": per_token["n"], "same_tokens_as_cat": first["new_ids"] == cat_ids,
+            "n": per_token["n"], "cpu_ms_per_token": timing.summary(cpu_seconds)["median_s"] / n * 1e3,
+            "same_tokens_as_cat": first["new_ids"] == cat_ids,
             "compile_s": first.get("compile_s"), "first_generation_s": first["first_generation_s"],
             "cache_length": first.get("cache_length"), "times_limit": ms / limit_ms, "samples_s": seconds}
 
@@ -188,7 +195,8 @@ def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int 
     "plan:NAME" (the fusion ablation). Runs with `threads` torch threads, restored afterwards.
 
     Returns {"rows": one per path and length (ms_per_token with q1_ms, q3_ms, iqr_share, unstable,
-    n; same_tokens_as_cat; compile_s and cache_length for compiled paths; times_limit; samples_s),
+    n; cpu_ms_per_token, the median CPU time of the same runs; same_tokens_as_cat; compile_s and
+    cache_length for compiled paths; times_limit; samples_s),
     "limit": the arithmetic limit per length and the matrix-product rate it rests on,
     "speedups": cat / compiled and minimind / compiled per length with their intervals,
     "prompt_len", "new_tokens", "process" (CPU over wall time, involuntary context switches), and
@@ -207,13 +215,13 @@ def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int 
         generators = path_generators(model, minimind_model, plan, extra_plans or {})
         first = first_generations(model, generators, prompt, lengths, plans, device)
         rate = matmul_rate(model.lm_head.weight.dtype, device, repeats=20, max_seconds=2.0)
-        samples = timed_rounds(generators, prompt, lengths, warmup, runs, max_seconds, device)
+        samples, cpu_samples = timed_rounds(generators, prompt, lengths, warmup, runs, max_seconds, device)
         context = timing_context(device)
     finally:
         steps.use_threads(kept_threads)
     usage_after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall_before
     limit = {n: _limit(model.config, prompt.shape[1], n, rate) for n in lengths}
-    rows = [_row(name, n, samples[(name, n)], first[(name, n)], first[("cat", n)]["new_ids"],
+    rows = [_row(name, n, samples[(name, n)], cpu_samples[(name, n)], first[(name, n)], first[("cat", n)]["new_ids"],
                  limit[n]["limit_ms_per_token"]) for n in lengths for name in generators]
     cpu = (usage_after.ru_utime + usage_after.ru_stime) - (usage_before.ru_utime + usage_before.ru_stime)
     return {"rows": rows, "paths": list(generators), "prompt_len": prompt.shape[1], "new_tokens": lengths,
