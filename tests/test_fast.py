@@ -106,6 +106,14 @@ def test_padded_rows_and_seeded_samples_are_the_eager_path_s(monkeypatch):
     assert torch.equal(*sampled) and len(set(map(tuple, sampled[0].tolist()))) > 1
 
 
+def test_half_precision_gives_the_eager_path_s_tokens_too():
+    model = random_model(1, **SMALL).half()
+    cat = model.generate(PROMPT, max_new_tokens=12, **GREEDY)
+    assert torch.equal(fast.generate(model, PROMPT, fast.StepPlan(compile_mode=None), max_new_tokens=12, **GREEDY), cat)
+    (decoder,) = fast.decoders_of(model).values()
+    assert decoder.packed.dtype == decoder.cache.keys_t[0].dtype == torch.float16
+
+
 def test_the_fused_weights_follow_the_model_s(monkeypatch):
     model = random_model(4, **SMALL)
     plan = fast.StepPlan(compile_mode=None)

@@ -17,10 +17,11 @@ keeps MiniMind's tokens:
 - **Fewer operator calls** (`StepPlan`): q, k and v from one matrix product of concatenated
   weights, q/k norm and RoPE applied to q and k at once; gate and up from one product; attention
   over the grouped heads without materialising `repeat_kv`; RoPE from tables indexed by the
-  position tensor. On a CPU the products are written row by row (`rowwise_matmul`), so inductor
-  fuses the whole step into its own C++ loops instead of calling the BLAS library between them.
-  Each change is exact up to the order of float additions: the tokens stay MiniMind's, the logits
-  within 1e-5 (tests/test_fast.py).
+  position tensor. On a CPU the products with weight matrices are written row by row
+  (`rowwise_matmul`), so inductor fuses them, with the norms and activations around them, into its
+  own C++ loops instead of calling the BLAS library for each. Each change is exact up to the order
+  of float additions: the tokens stay MiniMind's, the logits within 1e-5 (tests/test_fast.py);
+  tools/decode_speed.py --ablation times each.
 
 What stays eager, and why:
 
