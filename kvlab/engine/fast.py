@@ -83,9 +83,8 @@ class StepPlan:
     cpp_wrapper: inductor writes the code that calls its kernels in C++ too (mode "default" only).
     rowwise_matmul: each product with a weight matrix written as a product and a sum (one output
         per row of the weight), which inductor compiles into its own loops, fused with what comes
-        before and after, instead of calling the BLAS library (compiled plans only). Attention's two
-        products stay matrix products: written so, their query would be computed again (its norm and
-        rotation) for every block of keys inside the loop.
+        after, instead of calling the BLAS library (compiled plans only). Attention's two products
+        stay matrix products: as sums over a cache of hundreds of positions they measured slower.
     """
 
     fused_qkv: bool = True
@@ -234,10 +233,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight * normed).type_as(x)
 
 
+def stored(x: torch.Tensor) -> torch.Tensor:
+    """x itself, which the compiler must write to memory before it is read (as_strided needs a real
+    storage). A product written row by row reads each element of its input once per row of the
+    weight: an input left as a formula (a norm, a residual sum) would be computed again for every row."""
+    return x.as_strided(x.size(), x.stride())
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-    """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis."""
+    """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis, of x stored."""
     if plan.rowwise_matmul:
-        return (x.unsqueeze(-2) * weight).sum(-1)
+        return (stored(x).unsqueeze(-2) * weight).sum(-1)
     return F.linear(x, weight)
 
 
