@@ -11,8 +11,8 @@ compiling (its first generation of each length), are kept out of the timings and
 
 The **arithmetic limit**: the multiply-adds a generation needs (every matrix product of the model,
 attention over the tokens each position sees; `generation_flops`) per new token, over the rate at
-which this core multiplies matrices (a large float product timed in the same call,
-`matmul_rate`). No path can beat it; the ratio of a path's time to it says how much of a step is
+which this core multiplies matrices (a large float product timed in the same call on the thread's
+CPU clock, `matmul_rate`). No path can beat it; the ratio of a path's time to it says how much of a step is
 something else (operator calls, memory traffic) rather than arithmetic.
 """
 
@@ -64,8 +64,10 @@ def generation_flops(config, prompt_len: int, new_tokens: int) -> int:
 
 def matmul_rate(dtype, device, repeats: int, max_seconds: float) -> dict:
     """This core's matrix-product rate: a RATE_MATRIX-square product of `dtype` timed like every
-    timing here (kvlab.lab.timing.repeat). Returns the timing's summary and the rate in GFLOP/s at
-    its median and at its quartiles (the slow quartile gives the low rate)."""
+    timing here (kvlab.lab.timing.repeat), on this thread's CPU clock on a CPU (the time a neighbour
+    holds the core is not the core's rate; a GPU's product is timed on the wall clock, synchronised).
+    Returns the timing's summary and the rate in GFLOP/s at its median and at its quartiles (the
+    slow quartile gives the low rate)."""
     a = torch.randn(RATE_MATRIX, RATE_MATRIX, device=device).to(dtype)
     b = torch.randn(RATE_MATRIX, RATE_MATRIX, device=device).to(dtype)
     flops = 2 * RATE_MATRIX**3
@@ -76,7 +78,8 @@ def matmul_rate(dtype, device, repeats: int, max_seconds: float) -> dict:
 
     for _ in range(3):
         product()
-    summary = timing.summary(timing.repeat(product, repeats, max_seconds))
+    clock = time.thread_time if torch.device(device).type == "cpu" else time.perf_counter
+    summary = timing.summary(timing.repeat(product, repeats, max_seconds, clock=clock))
     return {"matrix": RATE_MATRIX, "flops": flops, "timing": summary,
             "gflops": flops / summary["median_s"] / 1e9,
             "gflops_low": flops / summary["q3_s"] / 1e9, "gflops_high": flops / summary["q1_s"] / 1e9}
