@@ -25,9 +25,9 @@ keeps MiniMind's tokens:
 
 What stays eager, and why:
 
-- **The prefill** (the prompt, fed once) runs the model's own eager modules into the same cache: its
-  shape is the prompt's, and it is one call per generation. It computes the logits of the last
-  position only: the others are never read (MiniMind computes them all).
+- **The prefill** (the prompt, fed once) runs the model's own eager forward into the same cache: its
+  shape is the prompt's, and it is one call per generation; its logits are the eager path's, bit
+  for bit.
 - **The next-token choice** (kvlab.engine.sampling, the one home of each rule): a compiled draw would
   take its random numbers from inductor's generator, not from the one `torch.manual_seed` seeds, so
   seeded samples would part from the eager path's; and torch 2.13's inductor fails on
@@ -480,9 +480,10 @@ class Decoder:
         return CausalLMOutput(logits=logits[:, None, :], past_key_values=self.cache), next_token
 
     def _prefill(self, input_ids, attention_mask) -> torch.Tensor:
-        """The prompt through the model's own eager blocks into the cache; the last position's logits."""
-        hidden, _ = self.model.model(input_ids, attention_mask, self.cache, use_cache=True)
-        return self.model.lm_head(hidden[:, -1, :])
+        """The prompt through the model's own eager forward into the cache; the last position's logits.
+        Every position's logits are computed, as MiniMind does, though only the last is read: the LM
+        head on one row would be another library kernel, with other roundings (some 1e-6 apart)."""
+        return self.model(input_ids, attention_mask, self.cache, use_cache=True).logits[:, -1, :]
 
     def run_step(self) -> torch.Tensor:
         """One decode step of `token_ids` at `position`: (B, V) logits, K and V written into the cache."""
