@@ -14,6 +14,8 @@ the static-shape step eager without any fusion, with each fusion alone and with 
 compiled without and with them; and each eager step's operator calls.
 --minimind-src times MiniMind's own `generate` too, from your model_minimind.py (its model built
 and loaded as kvlab.lab.fidelity does, from a checkpoint of the random weights).
+--checkpoint PATH times a MiniMind .pth instead of random weights (e.g. results/default/sft.pth),
+--prompt-json PATH its prompt (results/prompt.json's "ids") instead of random ids.
 --json PATH writes the whole result.
 """
 
@@ -109,15 +111,24 @@ def main(argv=None) -> int:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time for further rounds while unstable")
     parser.add_argument("--ablation", action="store_true", help="also time each fusion (at the first length)")
     parser.add_argument("--minimind-src", type=Path, help="your MiniMind's model/model_minimind.py")
+    parser.add_argument("--checkpoint", type=Path, help="a MiniMind .pth to time instead of random weights")
+    parser.add_argument("--prompt-json", type=Path, help='a JSON file whose "ids" are the prompt (results/prompt.json)')
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the whole result here")
     args = parser.parse_args(argv)
-    model = lab_sized_model(args.seed)
-    prompt_ids = torch.randint(3, model.config.vocab_size, (PROMPT_LEN,),
-                               generator=torch.Generator().manual_seed(args.seed)).tolist()
+    model = load_model(args.checkpoint) if args.checkpoint else lab_sized_model(args.seed)
+    if args.prompt_json:
+        prompt_ids = json.loads(args.prompt_json.read_text(encoding="utf-8"))["ids"]
+    else:
+        prompt_ids = torch.randint(3, model.config.vocab_size, (PROMPT_LEN,),
+                                   generator=torch.Generator().manual_seed(args.seed)).tolist()
     output = {}
     with tempfile.TemporaryDirectory() as folder:
-        twin = minimind_twin(model, args.minimind_src, Path(folder)) if args.minimind_src else None
+        twin = None
+        if args.minimind_src and args.checkpoint:
+            twin = decode_bench.minimind_model_for(model, args.checkpoint, args.minimind_src)
+        elif args.minimind_src:
+            twin = minimind_twin(model, args.minimind_src, Path(folder))
         output["paths"] = decode_bench.decode_bench(model, prompt_ids, args.new_tokens, runs=args.runs,
                                                     max_seconds=args.max_seconds, minimind_model=twin)
     print(table(output["paths"]))
