@@ -3,6 +3,7 @@ import json
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -11,6 +12,20 @@ from kvlab.engine.config import MiniMindConfig
 from kvlab.engine.model import MiniMindForCausalLM
 
 LAB_ARCH = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+# The smallest model the compiled decode step is tested on (compiling costs seconds per shape; tests
+# that compile share this one, batch 1, one cache bucket, so the process compiles it once).
+TINY_FAST = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, std=0.3)
+
+
+@contextmanager
+def torch_threads(count: int):
+    """torch's CPU threads set to `count` inside, restored after."""
+    kept = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(kept)
 
 
 def random_model(seed=0, vocab_size=300, std=0.08, **arch) -> MiniMindForCausalLM:

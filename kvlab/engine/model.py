@@ -304,6 +304,7 @@ class MiniMindForCausalLM(nn.Module):
         repetition_penalty: float = 1.0,
         *,
         kv_cache: str = "cat",
+        compile: bool = False,
     ) -> torch.Tensor:
         """MiniMind's generation loop. Returns prompt + new ids, (B * num_return_sequences, P + n).
 
@@ -313,11 +314,17 @@ class MiniMindForCausalLM(nn.Module):
         their `attention_mask` (B, P); each new token extends it with a 1. `kv_cache="static"`
         (not MiniMind's; never the lab's seven steps) keeps the cache in a StaticCache allocated once
         for the final length instead of growing it by torch.cat: the same tokens, without the copies.
+        `compile=True` (with kv_cache="static" and use_cache=True) decodes with one compiled step of
+        static shapes per model and batch shape (kvlab.engine.fast): the same tokens, fewer and
+        fused operator calls.
         """
         sampling.check_temperature(temperature, do_sample)
         self.check_room(inputs.shape[1], max_new_tokens)
         if kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+        if compile and (kv_cache != "static" or not use_cache):
+            raise ValueError(f"compile=True needs kv_cache='static' and use_cache=True, got kv_cache={kv_cache!r}, "
+                             f"use_cache={use_cache}")
         input_ids = inputs.repeat(num_return_sequences, 1)
         if attention_mask is not None:
             if attention_mask.shape != inputs.shape:
@@ -325,13 +332,19 @@ class MiniMindForCausalLM(nn.Module):
             attention_mask = attention_mask.repeat(num_return_sequences, 1)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         past_key_values = None
-        if use_cache and kv_cache == "static":
-            past_key_values = StaticCache(self.config, input_ids.shape[0], inputs.shape[1] + max_new_tokens - 1,
-                                          self.lm_head.weight.dtype, input_ids.device)
+        step = self.decode_step
+        final_length = inputs.shape[1] + max_new_tokens - 1
+        if compile:
+            from kvlab.engine import fast  # here, not above: the fast path builds on this module
+
+            step, past_key_values = fast.decoding(self, input_ids, attention_mask, final_length)
+        elif use_cache and kv_cache == "static":
+            past_key_values = StaticCache(self.config, input_ids.shape[0], final_length, self.lm_head.weight.dtype,
+                                          input_ids.device)
         knobs = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                      do_sample=do_sample)
         for _ in range(max_new_tokens):
-            outputs, next_token = self.decode_step(input_ids, attention_mask, past_key_values, use_cache, **knobs)
+            outputs, next_token = step(input_ids, attention_mask, past_key_values, use_cache, **knobs)
             if attention_mask is not None:
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1)
             if eos_token_id is not None:

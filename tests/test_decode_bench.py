@@ -1,0 +1,99 @@
+"""The decode benchmark (kvlab.measure.decode_bench) on a tiny model: every path's tokens against the
+torch.cat path's, rows with their spread, alternating runs, the arithmetic limit under every path,
+MiniMind's own generate from a file (tests/fake_minimind), the operator calls of each eager step."""
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from kvlab.engine import fast
+from kvlab.engine.checkpoint import load_model, save_checkpoint
+from kvlab.measure import decode_bench
+
+from helpers import TINY_FAST, random_model, torch_threads
+
+FAKE_MINIMIND = Path(__file__).parent / "fake_minimind" / "model_minimind.py"
+PROMPT_IDS = [1, 5, 6, 7, 8, 9, 10, 11]
+ROW_KEYS = {"path", "new_tokens", "ms_per_token", "q1_ms", "q3_ms", "iqr_share", "unstable", "n", "cpu_ms_per_token",
+            "same_tokens_as_cat", "compile_s", "first_generation_s", "cache_length", "times_limit", "samples_s"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the benchmark times (the compiled step is made for a thread count)."""
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_and_minimind(tmp_path_factory):
+    """The compiled tests' tiny model (its step compiled once per process) and MiniMind's own model
+    holding its weights, built from a file as the fidelity job builds it."""
+    checkpoint = tmp_path_factory.mktemp("bench") / "tiny.pth"
+    save_checkpoint(random_model(0, **TINY_FAST), checkpoint)
+    model = load_model(checkpoint)
+    return model, decode_bench.minimind_model_for(model, checkpoint, FAKE_MINIMIND)
+
+
+def test_every_path_side_by_side_with_its_spread_and_the_limit_below_all(tiny_and_minimind):
+    model, minimind_model = tiny_and_minimind
+    with torch_threads(2):
+        result = decode_bench.decode_bench(model, PROMPT_IDS, new_tokens=(9, 4), runs=3, warmup=0, max_seconds=0,
+                                           minimind_model=minimind_model)
+        assert torch.get_num_threads() == 2  # one thread while timing, restored after
+    assert result["torch_threads"] == 1 and result["new_tokens"] == [4, 9]
+    assert result["paths"] == list(decode_bench.PATHS)
+    rows = {(row["path"], row["new_tokens"]): row for row in result["rows"]}
+    assert set(rows) == {(path, n) for path in decode_bench.PATHS for n in (4, 9)}
+    for (path, n), row in rows.items():
+        assert set(row) == ROW_KEYS
+        assert row["same_tokens_as_cat"], f"{path} at {n} tokens chose other tokens"
+        assert row["n"] == len(row["samples_s"]) == rows[("cat", n)]["n"] >= 3  # the same rounds for all
+        assert row["q1_ms"] <= row["ms_per_token"] <= row["q3_ms"]
+        assert (row["compile_s"] is not None) == (path == "compiled")
+    assert rows[("compiled", 4)]["compile_s"] > 0 and rows[("compiled", 4)]["cache_length"] == fast.BUCKET_POSITIONS
+    rate = result["limit"]["matmul"]
+    assert rate["gflops_low"] <= rate["gflops"] <= rate["gflops_high"]
+    for limit in result["limit"]["per_length"]:
+        assert 0 < limit["limit_ms_per_token"] < min(row["ms_per_token"] for (_, n), row in rows.items()
+                                                     if n == limit["new_tokens"])
+    assert all(row["times_limit"] > 1 for row in rows.values())
+    assert {(s["slow"], s["new_tokens"]) for s in result["speedups"]} == {(p, n) for p in ("cat", "minimind")
+                                                                         for n in (4, 9)}
+    assert all(s["low"] <= s["ratio"] <= s["high"] for s in result["speedups"])
+    assert result["process"]["cpu_over_wall"] > 0
+
+
+def test_extra_plans_are_rows_of_their_own_and_bad_lengths_are_refused(tiny_and_minimind):
+    model, _ = tiny_and_minimind
+    plan = fast.StepPlan(fused_qkv=False, fused_gate_up=False, attention="repeat_kv", compile_mode=None)
+    result = decode_bench.decode_bench(model, PROMPT_IDS, new_tokens=(5,), runs=1, warmup=0, max_seconds=0,
+                                       extra_plans={"unfused": plan})
+    assert result["paths"] == ["cat", "static", "compiled", "plan:unfused"]
+    assert all(row["same_tokens_as_cat"] for row in result["rows"])
+    assert result["extra_plans"]["unfused"]["attention"] == "repeat_kv"
+    with pytest.raises(ValueError, match=r"new_tokens must be positive token counts, got \[0, 3\]"):
+        decode_bench.decode_bench(model, PROMPT_IDS, new_tokens=(0, 3))
+    with pytest.raises(ValueError, match="runs must be at least 1, got 0"):
+        decode_bench.decode_bench(model, PROMPT_IDS, new_tokens=(3,), runs=0)
+
+
+def test_the_flops_count_every_matrix_product_of_the_model():
+    model = random_model(0, **TINY_FAST)
+    config = model.config
+    weights = sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
+    attention = config.num_hidden_layers * 2 * 2 * config.num_attention_heads * config.head_dim  # per position seen
+    assert decode_bench.token_flops(config, 10) == 2 * weights + 10 * attention
+    # a prompt of 3 and 2 new tokens: positions 1, 2, 3 in the prefill, then the first new token at 4
+    assert decode_bench.generation_flops(config, 3, 2) == sum(decode_bench.token_flops(config, c) for c in (1, 2, 3, 4))
+
+
+def test_fewer_operator_calls_with_each_fusion():
+    model = random_model(0, hidden_size=64, num_hidden_layers=2)
+    plans = {"unfused": fast.StepPlan(fused_qkv=False, fused_gate_up=False, attention="repeat_kv", compile_mode=None),
+             "fused": fast.StepPlan(attention="sdpa", compile_mode=None)}
+    calls = decode_bench.operator_calls(model, PROMPT_IDS, plans)
+    assert calls["fused"] < calls["unfused"] < calls["cat"] < calls["static"]
+    with pytest.raises(ValueError, match="operator_calls: plan 'compiled' is compiled; count eager plans only"):
+        decode_bench.operator_calls(model, PROMPT_IDS, {"compiled": fast.StepPlan()})
