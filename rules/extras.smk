@@ -78,6 +78,30 @@ rule step_anatomy:
         "../scripts/step_anatomy.py"
 
 
+# Decoding path against path (kvlab.measure.decode_bench): MiniMind's torch.cat cache, a preallocated one,
+# the compiled step and, with minimind_src, MiniMind's own generate. Only when asked for: compiling takes
+# tens of seconds (snakemake --cores 2 results/figures/decode_bench.png).
+rule decode_bench:
+    input:
+        **inputs("pretrain", "prompt", *(["minimind_src"] if WITH_FIDELITY else [])),
+    output:
+        decode_bench=reported("decode_bench"),
+        decode_bench_runs=RESULTS["decode_bench_runs"].path,
+    log:
+        "results/logs/decode_bench.log",
+    benchmark:
+        "results/benchmarks/decode_bench.tsv"
+    # The clock must not share the CPU with other jobs: take every core.
+    threads: all_cores
+    resources:
+        **model_job("pretrain", timed=True),
+    params:
+        **timed_params(),
+        **EXTRAS["decode_bench"],
+    script:
+        "../scripts/decode_bench.py"
+
+
 rule kv_capacity:
     input:
         **inputs("pretrain"),

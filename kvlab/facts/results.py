@@ -132,6 +132,9 @@ RESULTS = _results(
     Result("serve_events", f"{SERVING_FOLDER}/serve_events.jsonl", timed=True),
     Result("serve_rates", f"{SERVING_FOLDER}/serve_rates.csv", BEYOND, "Continuous batching", timed=True),
     Result("serve_rates_runs", f"{SERVING_FOLDER}/serve_rates_runs.json", timed=True),
+    # decoding path against path, the compiled step included (compiling takes tens of seconds: only when asked for)
+    Result("decode_bench", "results/decode_bench.csv", BEYOND, "Fast decoding", timed=True, by_all=False),
+    Result("decode_bench_runs", "results/decode_bench.json", timed=True, by_all=False),
     # `kvlab serve` measured over HTTP at rising request rates (a few minutes: only when asked for)
     Result("serve_bench", "results/serving/bench.csv", BEYOND, "Serving over HTTP", timed=True, by_all=False),
     Result("serve_bench_runs", "results/serving/bench_runs.json", timed=True, by_all=False),
@@ -154,6 +157,7 @@ FIGURES = {
         Figure("batch", "batch"),
         Figure("kv_waste", "kv_waste"),
         Figure("step_anatomy", "step_anatomy"),
+        Figure("decode_bench", "decode_bench"),
         Figure("serve_timeline", "serve_trace", drawn_by=SERVING_FIGURES),
         Figure("serve_latency", "serve_rates", drawn_by=SERVING_FIGURES),
         Figure("serve_bench", "serve_bench", drawn_by=SERVING_FIGURES),

@@ -179,9 +179,12 @@ def _row(name: str, n: int, seconds: list[float], cpu_seconds: list[float], firs
          limit_ms: float) -> dict:
     per_token = timing.summary([s / n for s in seconds])
     ms = per_token["median_s"] * 1e3
+    # kvlab.facts.timing's rule on the thread's own clock: the runs a neighbour took the core from
+    waited = sum(timing.run_contended(wall, cpu) for wall, cpu in zip(seconds, cpu_seconds)) / len(seconds)
     return {"path": name, "new_tokens": n, "ms_per_token": ms, "q1_ms": per_token["q1_s"] * 1e3,
             "q3_ms": per_token["q3_s"] * 1e3, "iqr_share": per_token["iqr_share"], "unstable": per_token["unstable"],
             "n": per_token["n"], "cpu_ms_per_token": timing.summary(cpu_seconds)["median_s"] / n * 1e3,
+            "contended_runs": waited, "contended": waited >= timing.CONTENDED_RUNS_SHARE,
             "same_tokens_as_cat": first["new_ids"] == cat_ids,
             "compile_s": first.get("compile_s"), "first_generation_s": first["first_generation_s"],
             "cache_length": first.get("cache_length"), "times_limit": ms / limit_ms, "samples_s": seconds}

@@ -137,6 +137,14 @@ LABELS = {
     "cache_context": N_("context: tokens in the cache + the one fed"),
     "decode_step_ms": N_("decode step (ms)"),
     "step_anatomy_title": N_("Where a generation step's time goes"),
+    "decode_title": N_("Decoding path against path ({prompt_len}-token prompt, one thread, median of alternating rounds)"),
+    "ms_per_token": N_("ms per new token (log scale; bars: quartiles)"),
+    "decode_new_tokens": N_("new tokens generated"),
+    "path_cat": N_("MiniMind's torch.cat cache (kvlab, as MiniMind)"),
+    "path_static": N_("preallocated cache, eager"),
+    "path_compiled": N_("preallocated cache, compiled step"),
+    "path_minimind": N_("MiniMind's own generate"),
+    "arithmetic_limit": N_("this core's arithmetic limit (FLOPs / measured GFLOP/s)"),
 }
 
 
@@ -613,4 +621,39 @@ def step_anatomy(data: dict, path, language: str = "en") -> None:
         right.grid(True, alpha=0.3)
         right.legend(fontsize=8, loc="upper left")
         fig.suptitle(text("step_anatomy_title"))
+        save(fig, path)
+
+
+DECODE_STYLES = {"cat": (WITH_CACHE_COLOR, "o"), "static": ("tab:green", "s"), "compiled": ("tab:purple", "^"),
+                 "minimind": ("black", "x")}
+
+
+def decode_bench(rows: list[dict], path, language: str = "en") -> None:
+    """ms per new token of each path at each length (decode_bench.csv), on a log axis, with the core's
+    arithmetic limit beneath: how far each path is from what its arithmetic needs."""
+    lengths = sorted({row["new_tokens"] for row in rows})
+    with drawing(language) as text:
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        for name, (color, marker) in DECODE_STYLES.items():
+            mine = sorted((row for row in rows if row["path"] == name), key=lambda row: row["new_tokens"])
+            if not mine:
+                continue
+            x = [row["new_tokens"] for row in mine]
+            y = np.array([row["ms_per_token"] for row in mine])
+            spread = np.array([[row["ms_per_token"] - row["q1_ms"] for row in mine],
+                               [row["q3_ms"] - row["ms_per_token"] for row in mine]])
+            ax.errorbar(x, y, yerr=spread, fmt=f"{marker}-", color=color, capsize=3, label=text(f"path_{name}"))
+        limit = sorted(((row["new_tokens"], row["ms_per_token"] / row["times_limit"]) for row in rows
+                        if row["path"] == "cat"))
+        ax.plot([n for n, _ in limit], [ms for _, ms in limit], "k:", label=text("arithmetic_limit"))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+        ax.set_xlabel(text("decode_new_tokens"))
+        ax.set_ylabel(text("ms_per_token"))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title(text("decode_title", prompt_len=rows[0].get("prompt_len", "?")), fontsize=10)
         save(fig, path)
