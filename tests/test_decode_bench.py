@@ -97,3 +97,30 @@ def test_fewer_operator_calls_with_each_fusion():
     assert calls["fused"] < calls["unfused"] < calls["cat"] < calls["static"]
     with pytest.raises(ValueError, match="operator_calls: plan 'compiled' is compiled; count eager plans only"):
         decode_bench.operator_calls(model, PROMPT_IDS, {"compiled": fast.StepPlan()})
+
+
+def test_the_rule_is_built_only_when_asked_and_its_figure_reads_its_rows(tmp_path):
+    """rule all leaves decode_bench out (compiling costs the cold build tens of seconds); asked for, it
+    needs only the checkpoint and the prompt. Its figure draws every path and the limit in both languages."""
+    from helpers import dry_run_jobs
+    from kvlab.present import figures
+
+    assert "decode_bench" not in dry_run_jobs(tmp_path)
+    assert dry_run_jobs(tmp_path, "results/decode_bench.csv") == {
+        "corpus": 1, "tokenizer": 1, "pretrain": 1, "prompt": 1, "inspect_checkpoint": 1, "decode_bench": 1}
+    rows = [{"path": path, "new_tokens": n, "ms_per_token": ms, "q1_ms": 0.9 * ms, "q3_ms": 1.1 * ms,
+             "times_limit": 10.0 * ms / 4.0, "prompt_len": 201}
+            for path, ms in (("cat", 4.0), ("static", 3.8), ("compiled", 0.8), ("minimind", 4.2)) for n in (64, 1024)]
+    for language in ("en", "ko"):
+        figures.decode_bench(rows, tmp_path / f"decode_{language}.png", language=language)
+        described = png_text(tmp_path / f"decode_{language}.png")["Description"]
+        assert described.count("\n") >= 5  # four paths, the limit, the axes
+    assert "MiniMind's own generate" in png_text(tmp_path / "decode_en.png")["Description"]
+    assert "MiniMind 자체의 generate" in png_text(tmp_path / "decode_ko.png")["Description"]
+
+
+def png_text(path) -> dict:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return dict(image.text)
