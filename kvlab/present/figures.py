@@ -650,10 +650,11 @@ def decode_bench(rows: list[dict], path, language: str = "en") -> None:
         ax.set_yscale("log")
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
         ax.set_xlabel(text("decode_new_tokens"))
         ax.set_ylabel(text("ms_per_token"))
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="center right")  # between the compiled path and the limit, clear of both
         ax.set_title(text("decode_title", prompt_len=rows[0].get("prompt_len", "?")), fontsize=10)
         save(fig, path)
