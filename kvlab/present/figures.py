@@ -633,7 +633,7 @@ def decode_bench(rows: list[dict], path, language: str = "en") -> None:
     arithmetic limit beneath: how far each path is from what its arithmetic needs."""
     lengths = sorted({row["new_tokens"] for row in rows})
     with drawing(language) as text:
-        fig, ax = plt.subplots(figsize=(8, 4.8))
+        fig, ax = plt.subplots(figsize=(8, 5.6))
         for name, (color, marker) in DECODE_STYLES.items():
             mine = sorted((row for row in rows if row["path"] == name), key=lambda row: row["new_tokens"])
             if not mine:
@@ -655,6 +655,6 @@ def decode_bench(rows: list[dict], path, language: str = "en") -> None:
         ax.set_xlabel(text("decode_new_tokens"))
         ax.set_ylabel(text("ms_per_token"))
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="center right")  # between the compiled path and the limit, clear of both
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)  # under the axes: no line or marker hidden
         ax.set_title(text("decode_title", prompt_len=rows[0].get("prompt_len", "?")), fontsize=10)
         save(fig, path)
