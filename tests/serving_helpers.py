@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlab.serving import SamplingParams, ServingConfig, ServingEngine
+from kvlab.serving import ServingConfig, ServingEngine, generate_alone
 
 from helpers import random_model
 
@@ -34,18 +34,7 @@ def prompts_of(lengths, seed: int = 1) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
 
 
-def alone(model, prompt: list[int], params: SamplingParams) -> list[list[int]]:
-    """What `generate` gives the prompt alone with the request's knobs (after torch.manual_seed(seed) when
-    it has one): each row's new tokens, up to and with its first eos."""
-    if params.seed is not None:
-        torch.manual_seed(params.seed)
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=params.max_tokens, temperature=params.temperature,
-                         top_p=params.top_p, top_k=params.top_k, eos_token_id=params.eos_token_id,
-                         num_return_sequences=params.n, do_sample=params.do_sample,
-                         repetition_penalty=params.repetition_penalty)
-    rows = out[:, len(prompt):].tolist()
-    eos = params.eos_token_id
-    return [row[: row.index(eos) + 1] if eos is not None and eos in row else row for row in rows]
+alone = generate_alone  # what `generate` gives the prompt alone: the contract every test checks
 
 
 def serve(model, config: ServingConfig, requests, on_draw=None):

@@ -24,7 +24,7 @@ import torch
 
 from kvlab.engine.config import MiniMindConfig
 from kvlab.engine.model import MiniMindForCausalLM
-from kvlab.serving import SamplingParams, ServingConfig, ServingEngine
+from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 
 LAB_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=2048,
                 max_position_embeddings=2048)
@@ -67,7 +67,7 @@ def poisson_trace(count: int, rate: float, seed: int) -> list[tuple[list[int], S
     return trace
 
 
-def generate_alone(model, prompt: list[int], params: SamplingParams):
+def alone_with_logits(model, prompt: list[int], params: SamplingParams):
     """`generate`'s tokens for the prompt alone (each row up to its first eos) and every step's logits."""
     logits, forward = [], model.forward
 
@@ -78,16 +78,9 @@ def generate_alone(model, prompt: list[int], params: SamplingParams):
 
     model.forward = recording
     try:
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=params.max_tokens, temperature=params.temperature,
-                             top_p=params.top_p, top_k=params.top_k, eos_token_id=params.eos_token_id,
-                             num_return_sequences=params.n, do_sample=params.do_sample,
-                             repetition_penalty=params.repetition_penalty)
+        rows = generate_alone(model, prompt, params)
     finally:
         del model.forward
-    eos = params.eos_token_id
-    rows = [row[: row.index(eos) + 1] if eos in row else row for row in out[:, len(prompt):].tolist()]
     return rows, logits
 
 
@@ -158,7 +151,7 @@ def main() -> None:
           f"{max(q.max_tokens for _, q, _ in trace)}; {sum(q.seed is not None for _, q, _ in trace)} seeded, "
           f"{sum(q.n > 1 for _, q, _ in trace)} with n = 2; torch threads {torch.get_num_threads()}")
     began = time.perf_counter()
-    references = [generate_alone(model, prompt, params) for prompt, params, _ in trace]
+    references = [alone_with_logits(model, prompt, params) for prompt, params, _ in trace]
     print(f"generate alone, one request after another: {time.perf_counter() - began:.2f} s; smallest gap between a "
           f"greedy draw's two best logits {smallest_greedy_gap(trace, references):.2e}")
     slots, budget = 8, 512

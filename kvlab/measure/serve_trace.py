@@ -31,13 +31,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.facts import timing
 from kvlab.facts.formulas import request_blocks
 from kvlab.measure import kv_waste
-from kvlab.serving import RequestOutput, SamplingParams, ServingConfig, ServingEngine
+from kvlab.serving import RequestOutput, SamplingParams, ServingConfig, ServingEngine, generate_alone
 
 log = logging.getLogger("kvlab")
 
@@ -110,21 +109,9 @@ def spaced(trace: list[TraceRequest], max_tokens: int) -> list[TraceRequest]:
 # --- generate alone --------------------------------------------------------------------------------
 
 
-def generate_alone(model: MiniMindForCausalLM, request: TraceRequest) -> list[list[int]]:
-    """What MiniMind's `generate` gives the request's prompt alone, each row's new tokens."""
-    params = request.params
-    if params.seed is not None:
-        torch.manual_seed(params.seed)
-    device = model.lm_head.weight.device
-    out = model.generate(torch.tensor([request.prompt], device=device), max_new_tokens=params.max_tokens,
-                         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                         eos_token_id=params.eos_token_id, num_return_sequences=params.n, do_sample=params.do_sample,
-                         repetition_penalty=params.repetition_penalty)
-    return out[:, len(request.prompt):].tolist()
-
-
 def references(model: MiniMindForCausalLM, trace: list[TraceRequest]) -> list[list[list[int]]]:
-    return [generate_alone(model, request) for request in trace]
+    """What `generate` gives each request alone (kvlab.serving.generate_alone)."""
+    return [generate_alone(model, request.prompt, request.params) for request in trace]
 
 
 def mismatches(outputs: list[RequestOutput], trace: list[TraceRequest], alone: list[list[list[int]]]) -> dict:

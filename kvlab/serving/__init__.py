@@ -26,6 +26,6 @@ to a tie: the tests and the demo count such mismatches rather than assume there 
 
 from kvlab.serving.config import ServingConfig
 from kvlab.serving.engine import ServeResult, ServingEngine
-from kvlab.serving.request import Event, RequestOutput, SamplingParams
+from kvlab.serving.request import Event, RequestOutput, SamplingParams, generate_alone
 
-__all__ = ["Event", "RequestOutput", "SamplingParams", "ServeResult", "ServingConfig", "ServingEngine"]
+__all__ = ["Event", "RequestOutput", "SamplingParams", "ServeResult", "ServingConfig", "ServingEngine", "generate_alone"]

@@ -70,6 +70,21 @@ class SamplingParams:
                     repetition_penalty=self.repetition_penalty, do_sample=self.do_sample)
 
 
+def generate_alone(model, prompt: list[int], params: SamplingParams) -> list[list[int]]:
+    """What MiniMind's `generate` gives `prompt` alone with the request's knobs (after
+    `torch.manual_seed(seed)` when it has one): each row's new tokens, up to and with its first eos, as
+    the engine returns them. The contract every served token is checked against."""
+    if params.seed is not None:
+        torch.manual_seed(params.seed)
+    out = model.generate(torch.tensor([prompt], device=model.lm_head.weight.device), max_new_tokens=params.max_tokens,
+                         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                         eos_token_id=params.eos_token_id, num_return_sequences=params.n, do_sample=params.do_sample,
+                         repetition_penalty=params.repetition_penalty)
+    eos = params.eos_token_id
+    return [row[: row.index(eos) + 1] if eos is not None and eos in row else row
+            for row in out[:, len(prompt):].tolist()]
+
+
 @dataclass
 class Row:
     """One sample of a request: the tokens it has drawn (after its eos, eos again, as `generate` pads a
