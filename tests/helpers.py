@@ -149,3 +149,11 @@ def copy_workflow(dest: Path) -> Path:
             shutil.copy2(source, dest / name)
     (dest / "docs").mkdir(exist_ok=True)
     return dest
+
+
+def png_text(path) -> dict:
+    """A PNG's text chunks: figures.save writes the title as Title and every drawn label as Description."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return dict(image.text)

@@ -11,7 +11,7 @@ from kvlab.engine import fast
 from kvlab.engine.checkpoint import load_model, save_checkpoint
 from kvlab.measure import decode_bench
 
-from helpers import TINY_FAST, random_model, torch_threads
+from helpers import TINY_FAST, png_text, random_model, torch_threads
 
 FAKE_MINIMIND = Path(__file__).parent / "fake_minimind" / "model_minimind.py"
 PROMPT_IDS = [1, 5, 6, 7, 8, 9, 10, 11]
@@ -117,10 +117,3 @@ def test_the_rule_is_built_only_when_asked_and_its_figure_reads_its_rows(tmp_pat
         assert described.count("\n") >= 5  # four paths, the limit, the axes
     assert "MiniMind's own generate" in png_text(tmp_path / "decode_en.png")["Description"]
     assert "MiniMind 자체의 generate" in png_text(tmp_path / "decode_ko.png")["Description"]
-
-
-def png_text(path) -> dict:
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return dict(image.text)
