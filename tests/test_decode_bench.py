@@ -16,7 +16,8 @@ from helpers import TINY_FAST, png_text, random_model, torch_threads
 FAKE_MINIMIND = Path(__file__).parent / "fake_minimind" / "model_minimind.py"
 PROMPT_IDS = [1, 5, 6, 7, 8, 9, 10, 11]
 ROW_KEYS = {"path", "new_tokens", "ms_per_token", "q1_ms", "q3_ms", "iqr_share", "unstable", "n", "cpu_ms_per_token",
-            "same_tokens_as_cat", "compile_s", "first_generation_s", "cache_length", "times_limit", "samples_s"}
+            "same_tokens_as_cat", "compile_s", "first_generation_s", "cache_length", "times_limit", "samples_s",
+            "contended_runs", "contended"}
 
 
 @pytest.fixture(autouse=True)
@@ -51,6 +52,7 @@ def test_every_path_side_by_side_with_its_spread_and_the_limit_below_all(tiny_an
         assert row["same_tokens_as_cat"], f"{path} at {n} tokens chose other tokens"
         assert row["n"] == len(row["samples_s"]) == rows[("cat", n)]["n"] >= 3  # the same rounds for all
         assert row["q1_ms"] <= row["ms_per_token"] <= row["q3_ms"]
+        assert 0 <= row["contended_runs"] <= 1 and isinstance(row["contended"], bool)
         assert (row["compile_s"] is not None) == (path == "compiled")
     assert rows[("compiled", 4)]["compile_s"] > 0 and rows[("compiled", 4)]["cache_length"] == fast.BUCKET_POSITIONS
     rate = result["limit"]["matmul"]
