@@ -6,10 +6,11 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
 from kvlab.engine.config import MiniMindConfig
-from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.engine.model import MiniMindForCausalLM, random_weights
 
 LAB_ARCH = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 # The smallest model the compiled decode step is tested on (compiling costs seconds per shape; tests
@@ -32,12 +33,7 @@ def random_model(seed=0, vocab_size=300, std=0.08, **arch) -> MiniMindForCausalL
     """A MiniMind with random weights large enough that greedy output varies."""
     torch.manual_seed(seed)
     config = MiniMindConfig(**{**LAB_ARCH, "vocab_size": vocab_size, "max_position_embeddings": 1024, **arch})
-    model = MiniMindForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, std)
-    return model.eval()
+    return random_weights(MiniMindForCausalLM(config), std)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +153,16 @@ def png_text(path) -> dict:
 
     with Image.open(path) as image:
         return dict(image.text)
+
+
+def chromium_and_playwright(what: str):
+    """Debian's Chromium and Playwright's driver for it, or the test skips saying which is missing
+    and that `what` (the page it would open) is not opened in a browser."""
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip(f"Chromium is not installed (apt-get install chromium): {what} is not opened in a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip(f'playwright is not installed (pip install -e ".[test]"): {what} is not opened in a browser')
+    return executable, sync_playwright

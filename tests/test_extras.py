@@ -28,7 +28,7 @@ from kvlab.measure.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.config import MiniMindConfig
 from kvlab.facts.formulas import fed_formulas
 
-from helpers import ROOT, SMALL_LAB, course_config, dry_run_jobs, png_text, random_model, snakemake
+from helpers import ROOT, SMALL_LAB, chromium_and_playwright, course_config, dry_run_jobs, png_text, random_model, snakemake
 
 def extras_config(course, **extras):
     config = course_config(course)
@@ -185,22 +185,10 @@ def figures_linked(results) -> int:
                for name in ("report.md", "beyond.md"))
 
 
-def chromium_and_playwright():
-    """Debian's Chromium and Playwright's driver for it, or the test skips saying which is missing."""
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.skip("Chromium is not installed (apt-get install chromium): the HTML report is not opened in a browser")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip('playwright is not installed (pip install -e ".[test]"): the HTML report is not opened in a browser')
-    return executable, sync_playwright
-
-
 def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(html_report):
     """As a teacher opens it: the front page is about the lab, in the report's language (ko here), its
     link opens the lab's reports in the page, their sections and eight figures loaded, in their own font."""
-    executable, sync_playwright = chromium_and_playwright()
+    executable, sync_playwright = chromium_and_playwright("the HTML report")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:

@@ -21,7 +21,7 @@ from kvlab.grade import check, classroom
 from kvlab.present.i18n import messages as i18n_messages
 from kvlab.grade.class_page import class_page
 
-from helpers import ROOT, copy_workflow, course_config, dry_run_jobs, snakemake
+from helpers import ROOT, chromium_and_playwright, copy_workflow, course_config, dry_run_jobs, snakemake
 
 EXAMPLE = ROOT / "examples" / "class"
 POINTS = {"files": 1, "same_ids": 1, "fed_with_cache": 2, "fed_without_cache": 2, "cache_faster": 1, "kv_bytes": 2,
@@ -358,9 +358,7 @@ def test_a_new_student_runs_only_theirs_and_points_rerun_grading_only(graded):
 def test_the_class_page_in_a_browser(graded):
     """As a teacher opens it: both figures load, one row per student, and a name that is markup is
     shown as text, never run."""
-    from test_extras import chromium_and_playwright
-
-    executable, sync_playwright = chromium_and_playwright()
+    executable, sync_playwright = chromium_and_playwright("the class page")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:

@@ -5,7 +5,7 @@ each bad request a 400 naming its field; SIGTERM ends the running requests withi
 
 The server is a real subprocess on a free loopback port (`python -m kvlab.server`, this checkout's
 package), shared by the module: a tiny random MiniMind saved as a checkpoint, the tests' tokenizer, two
-slots, a waiting queue of one, a drain of one second. The SIGTERM test, the last, stops it."""
+slots, a waiting queue of one, a drain of 0.2 s. The SIGTERM test, the last, stops it."""
 import asyncio
 import json
 import time
@@ -23,14 +23,16 @@ from kvlab.measure.serve_bench import ServerProcess
 from kvlab.server.detokenize import IncrementalText
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine
 
-from helpers import random_model
+from helpers import chromium_and_playwright, random_model
 from serving_helpers import one_thread  # noqa: F401
 
+# a drain well under the LONG request's time (900 tokens of this model: about 1 s on this VM)
+DRAIN = 0.2
 SLOTS, WAITING, BLOCKS = 2, 1, 64  # the shared server: ServingConfig(max_num_seqs=2, num_blocks=64), --max-waiting 1
 SERVER_ARGS = ["--max-num-seqs", SLOTS, "--num-blocks", BLOCKS, "--max-waiting", WAITING, "--threads", 1,
-               "--drain-seconds", 1]
+               "--drain-seconds", DRAIN]
 MODEL = "tiny"
-LONG = {"max_tokens": 900, "ignore_eos": True}  # runs for seconds: a request still running when the test acts
+LONG = {"max_tokens": 900, "ignore_eos": True}  # runs for about a second: still running when the test acts
 
 
 @pytest.fixture(scope="module")
@@ -338,16 +340,9 @@ def test_streamed_pieces_add_up_to_the_whole_text_of_any_tokens(tokenizer):
 def test_the_page_streams_an_answer_and_shows_the_engines_state_in_a_browser(server):
     """Chromium (Debian's) driven by Playwright: the page shows a long request running and its blocks,
     then answers its own prompt, streamed, with the knobs set in the form."""
-    import shutil
     import threading
 
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.skip("Chromium is not installed (apt-get install chromium): the page is not opened in a browser")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip('playwright is not installed (pip install -e ".[test]"): the page is not opened in a browser')
+    executable, sync_playwright = chromium_and_playwright("the page")
     started, leave = threading.Event(), threading.Event()
 
     def long_request():
@@ -405,7 +400,7 @@ def test_sigterm_ends_the_running_requests_within_the_drain_and_exits_0(server):
     reasons = [choice["finish_reason"] for chunk in chunks for choice in chunk["choices"] if choice["finish_reason"]]
     assert reasons == ["abort"], "the running request is ended by the drain, not by max_tokens"
     assert chunks[-1]["usage"]["completion_tokens"] < LONG["max_tokens"]
-    assert ended < 1 + 10, f"the stream ended {ended:.1f} s after SIGTERM (--drain-seconds 1)"
+    assert ended < DRAIN + 10, f"the stream ended {ended:.1f} s after SIGTERM (--drain-seconds {DRAIN})"
     server.process.wait(30)
     assert server.process.returncode == 0, server.log_tail()
     assert time.monotonic() - sent < 30

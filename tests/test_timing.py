@@ -285,43 +285,38 @@ def test_check_warns_about_a_contended_step_3(tmp_path):
 
 # --- a timed job that shares its core ----------------------------------------------------------------
 
-# Bursts of work and rest about as long as a timed run (0.1 to 0.3 s here): some runs share the core
-# throughout, some not at all, most in part, so their times spread (shorter bursts would average out
-# within every run and only slow them all alike).
-BURN = """
-import random, time
-random.seed(0)
-while True:
-    end = time.perf_counter() + random.uniform(0.1, 0.4)
-    while time.perf_counter() < end:
-        pass
-    time.sleep(random.uniform(0.1, 0.4))
-"""
+# Bursts of other work about as long as a timed run, on the timed job's core (tests/bursts.py).
+BURSTS = ROOT / "tests" / "bursts.py"
 
 
 @pytest.fixture(scope="module")
 def contended(tmp_path_factory, course_build, course):
     """A copy of the shared build, then step 3 timed again on CPU 0 while bursts of other work run on
-    CPU 0, and what reads it (the report, check) made again."""
+    CPU 0, and what reads it (the report, check) made again. The bursts fall where they fall: a
+    timing they left stable or uncontended anyway (about one in ten on this VM) is timed again, at
+    most three times, so the tests below read one that was disturbed both ways."""
     if shutil.which("taskset") is None:
         pytest.skip("taskset (util-linux) is not installed: the timed job cannot share a core on purpose")
     workdir = shutil.copytree(course_build, tmp_path_factory.mktemp("contended") / "run")
     config = course_config(course)  # the shared build's: only step 3 (and what reads it) runs again
     quiet = json.loads((workdir / "results" / "time_runs.json").read_text())
-    (workdir / "results" / "time.json").unlink()
-    burner = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", BURN])
-    try:
-        time.sleep(0.5)
-        command = ["taskset", "-c", "0", sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                   "--directory", str(workdir), "--cores", "1", "results/time.json"]
-        config_file = workdir / "contended.yaml"
-        config_file.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
-        result = subprocess.run([*command, "--configfile", str(config_file)], capture_output=True, text=True,
-                                cwd=workdir)
-    finally:
-        burner.kill()
-        burner.wait()
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    config_file = workdir / "contended.yaml"
+    config_file.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    command = ["taskset", "-c", "0", sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+               "--directory", str(workdir), "--cores", "1", "results/time.json", "--configfile", str(config_file)]
+    for _ in range(3):
+        (workdir / "results" / "time.json").unlink()
+        burner = subprocess.Popen(["taskset", "-c", "0", sys.executable, str(BURSTS)])
+        try:
+            time.sleep(0.5)
+            result = subprocess.run(command, capture_output=True, text=True, cwd=workdir)
+        finally:
+            burner.kill()
+            burner.wait()
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        summary = json.loads((workdir / "results" / "time_runs.json").read_text())["summary"]
+        if any(s["unstable"] for s in summary.values()) and any(s["contended"] for s in summary.values()):
+            break
     snakemake(workdir, "results/report.md", "results/check.json", config=config)
     return workdir / "results", quiet
 

@@ -4,7 +4,7 @@
 
 Pins this process to one core and times the same work three ways: alone on it, beside a burner
 pinned to the same core (`while True: pass`), and beside bursts of such work (0.1-0.4 s on, 0.1-0.4 s
-off, as tests/test_timing.py makes them). The work is a pure-Python loop of about 0.1 s, or step 3's
+off, tests/bursts.py, as tests/test_timing.py runs them). The work is a pure-Python loop of about 0.1 s, or step 3's
 generation in both modes (P = 200 prompt tokens, N = 64 new ones) on a MiniMind of the default
 model's architecture (config.yaml's default_model.model) with random weights. Each way prints the median time, the median CPU share of the
 timing thread, the share of runs the rule calls contended, the process's involuntary context
@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from kvlab.facts import timing
 
@@ -26,15 +27,7 @@ from kvlab.facts import timing
 LAB_MODEL = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=1884,
                  max_position_embeddings=2048)
 BURN = "while True: pass"
-BURSTS = """
-import random, time
-random.seed(0)
-while True:
-    end = time.perf_counter() + random.uniform(0.1, 0.4)
-    while time.perf_counter() < end:
-        pass
-    time.sleep(random.uniform(0.1, 0.4))
-"""
+BURSTS = Path(__file__).resolve().parents[1] / "tests" / "bursts.py"  # 0.1-0.4 s on, 0.1-0.4 s off
 
 
 def loop_work():
@@ -67,8 +60,10 @@ def minimind_work(threads: int):
     return {"with_cache": generation(True), "without_cache": generation(False)}
 
 
-def pinned(core: int, code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+def pinned(core: int, work: str | Path) -> subprocess.Popen:
+    """A Python process on one core, running the code given or the script at the path given."""
+    command = [sys.executable, str(work)] if isinstance(work, Path) else [sys.executable, "-c", work]
+    return subprocess.Popen(command, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
 
 
 def measure(works: dict, runs: int) -> dict:

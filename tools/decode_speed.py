@@ -33,7 +33,7 @@ import yaml
 from kvlab.engine import fast
 from kvlab.engine.checkpoint import load_model, save_checkpoint
 from kvlab.engine.config import MiniMindConfig
-from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.engine.model import MiniMindForCausalLM, random_weights
 from kvlab.measure import decode_bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,12 +61,7 @@ def lab_sized_model(seed: int) -> MiniMindForCausalLM:
     defaults = yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))["default_model"]
     config = MiniMindConfig(**defaults["model"], vocab_size=defaults["tokenizer"]["vocab_size"])
     torch.manual_seed(seed)
-    model = MiniMindForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, WEIGHT_STD)
-    return model.eval()
+    return random_weights(MiniMindForCausalLM(config), WEIGHT_STD)
 
 
 def minimind_twin(model: MiniMindForCausalLM, source: Path, folder: Path):

@@ -23,7 +23,7 @@ import time
 import torch
 
 from kvlab.engine.config import MiniMindConfig
-from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.engine.model import MiniMindForCausalLM, random_weights
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 
 LAB_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=2048,
@@ -34,12 +34,7 @@ GREEDY = dict(do_sample=False, top_k=0, top_p=1.0)
 def random_model(seed: int) -> MiniMindForCausalLM:
     """Random weights, large enough that greedy output varies (as tests/helpers.py makes them)."""
     torch.manual_seed(seed)
-    model = MiniMindForCausalLM(MiniMindConfig(**LAB_SIZE))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, 0.08)
-    return model.eval()
+    return random_weights(MiniMindForCausalLM(MiniMindConfig(**LAB_SIZE)), 0.08)
 
 
 def poisson_trace(count: int, rate: float, seed: int) -> list[tuple[list[int], SamplingParams, int]]:

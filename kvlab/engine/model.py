@@ -370,6 +370,17 @@ def left_pad(rows: list[list[int]], pad_id: int = 0, device=None) -> tuple[torch
     return ids, mask
 
 
+def random_weights(model: nn.Module, std: float) -> nn.Module:
+    """Every weight but the norms' drawn from N(0, std²) from torch's global generator, in place: a
+    random MiniMind whose greedy output varies (PyTorch's default init gives near-uniform logits).
+    Returns the model, in eval mode."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0.0, std)
+    return model.eval()
+
+
 def count_parameters(model: nn.Module) -> int:
     """Parameters of `model`, a tied embedding counted once."""
     return sum(p.numel() for p in model.parameters())
