@@ -328,15 +328,15 @@ def test_run_killed_during_training_reruns_to_completion(tmp_path):
     config = course_config({}) | {"default_model": {
         "corpus": {"train_docs": 150, "val_docs": 10, "sft_examples": 120},
         "tokenizer": {"vocab_size": 400},
-        "pretrain": {"steps": 300, "batch_size": 4, "seq_len": 64},
+        "pretrain": {"steps": 120, "batch_size": 4, "seq_len": 64},
         "sft": {"steps": 3, "batch_size": 4, "seq_len": 64},
     }}
-    start_and_kill(tmp_path, "results/default/pretrain.pth", config, "pretrain.log", "pretrain step 25/300")
+    start_and_kill(tmp_path, "results/default/pretrain.pth", config, "pretrain.log", "pretrain step 25/120")
     default = tmp_path / "results" / "default"
     assert not (default / "pretrain.pth").exists() and not (default / "pretrain_metrics.json").exists()
     snakemake(tmp_path, "results/default/pretrain.pth", config=config)
     metrics = json.loads((default / "pretrain_metrics.json").read_text())
-    assert metrics["steps"] == 300
+    assert metrics["steps"] == 120
     assert load_model(default / "pretrain.pth").config.num_hidden_layers == 4
     assert not list(default.glob(".*.tmp"))  # no temporary file of the killed run stands beside it
 

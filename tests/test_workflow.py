@@ -197,14 +197,17 @@ def reorder_model_block(config_text: str) -> str:
     return edited.replace("    lr: 0.006\n", "    lr: 0.0060\n", 1)
 
 
-def test_embedded_default_builds_everything_with_a_tiny_budget(tmp_path):
+def test_embedded_default_builds_the_lab_report_with_a_tiny_budget(tmp_path):
     """World 1: no course files. The default's own rules (corpus, tokenizer, pretrain, sft) run with
-    a tiny training budget, then the whole lab on their outputs. Then config.yaml is edited without
-    changing a value (keys reordered, a comment, 0.0060 for 0.006): nothing reruns."""
+    a tiny training budget, then the lab's report on their outputs (the lab and the extras it reads;
+    every other extra is built from checkpoints alike, in the shared build of tests/conftest.py). Then
+    config.yaml is edited without changing a value (keys reordered, a comment, 0.0060 for 0.006):
+    nothing reruns."""
     config = course_config({}) | {"default_model": TINY_DEFAULT_MODEL}
     workdir = copy_workflow(tmp_path / "kvlab")
     snakefile = workdir / "Snakefile"
-    snakemake(workdir, config=config, snakefile=snakefile)
+    report = "results/report.md"
+    snakemake(workdir, report, config=config, snakefile=snakefile)
     default = workdir / "results" / "default"
     state = torch.load(default / "pretrain.pth", weights_only=True)
     assert all(t.dtype == torch.float16 for t in state.values())
@@ -224,10 +227,10 @@ def test_embedded_default_builds_everything_with_a_tiny_budget(tmp_path):
     config_yaml = workdir / "config.yaml"
     original = config_yaml.read_text(encoding="utf-8")
     config_yaml.write_text(reorder_model_block(original), encoding="utf-8")
-    assert dry_run_jobs(workdir, config=config, snakefile=snakefile) == {}
+    assert dry_run_jobs(workdir, report, config=config, snakefile=snakefile) == {}
     # while a real change retrains from pretrain on
     config_yaml.write_text(original.replace("    lr: 0.006\n", "    lr: 0.005\n", 1), encoding="utf-8")
-    assert {"pretrain", "sft"} <= set(dry_run_jobs(workdir, config=config, snakefile=snakefile))
+    assert {"pretrain", "sft"} <= set(dry_run_jobs(workdir, report, config=config, snakefile=snakefile))
 
 
 def test_english_report_keeps_the_headings(built, course, tmp_path):
