@@ -28,7 +28,8 @@ from kvlab.measure.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.config import MiniMindConfig
 from kvlab.facts.formulas import fed_formulas
 
-from helpers import ROOT, SMALL_LAB, chromium_and_playwright, course_config, dry_run_jobs, png_text, random_model, snakemake
+from helpers import (ROOT, SMALL_LAB, chromium_and_playwright, course_config, dry_run_jobs, png_text, random_model,
+                     snakemake)
 
 def extras_config(course, **extras):
     config = course_config(course)

@@ -4,8 +4,8 @@
 
 Pins this process to one core and times the same work three ways: alone on it, beside a burner
 pinned to the same core (`while True: pass`), and beside bursts of such work (0.1-0.4 s on, 0.1-0.4 s
-off, tests/bursts.py, as tests/test_timing.py runs them). The work is a pure-Python loop of about 0.1 s, or step 3's
-generation in both modes (P = 200 prompt tokens, N = 64 new ones) on a MiniMind of the default
+off: tests/bursts.py, which tests/test_timing.py runs too). The work is a pure-Python loop of about
+0.1 s, or step 3's generation in both modes (P = 200 prompt tokens, N = 64 new ones) on a MiniMind of the default
 model's architecture (config.yaml's default_model.model) with random weights. Each way prints the median time, the median CPU share of the
 timing thread, the share of runs the rule calls contended, the process's involuntary context
 switches per second and the 1-minute load average; the numbers in docs/results.md come from it.
@@ -26,8 +26,10 @@ from kvlab.facts import timing
 # config.yaml's default_model.model, with its tokenizer's vocabulary (about 1.9k of the 2,048 asked for)
 LAB_MODEL = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=1884,
                  max_position_embeddings=2048)
-BURN = "while True: pass"
-BURSTS = Path(__file__).resolve().parents[1] / "tests" / "bursts.py"  # 0.1-0.4 s on, 0.1-0.4 s off
+# What runs beside the work, as the Python interpreter's arguments: a burner, or tests/bursts.py
+# (0.1-0.4 s on, 0.1-0.4 s off).
+BURN = ["-c", "while True: pass"]
+BURSTS = [str(Path(__file__).resolve().parents[1] / "tests" / "bursts.py")]
 
 
 def loop_work():
@@ -60,10 +62,9 @@ def minimind_work(threads: int):
     return {"with_cache": generation(True), "without_cache": generation(False)}
 
 
-def pinned(core: int, work: str | Path) -> subprocess.Popen:
-    """A Python process on one core, running the code given or the script at the path given."""
-    command = [sys.executable, str(work)] if isinstance(work, Path) else [sys.executable, "-c", work]
-    return subprocess.Popen(command, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+def pinned(core: int, python_args: list[str]) -> subprocess.Popen:
+    """A Python process on one core, started with `python_args`."""
+    return subprocess.Popen([sys.executable, *python_args], preexec_fn=lambda: os.sched_setaffinity(0, {core}))
 
 
 def measure(works: dict, runs: int) -> dict:
@@ -90,8 +91,8 @@ def main() -> None:
           f"{args.runs} runs a way")
     print(f"{'way':<8} {'work':<14} {'median s':>9} {'IQR %':>6} {'CPU share':>9} {'process':>8} "
           f"{'contended':>9} {'switches/s':>10} {'load':>5}  flag")
-    for way, code in (("alone", None), ("burner", BURN), ("bursts", BURSTS)):
-        burner = pinned(args.core, code) if code else None
+    for way, beside in (("alone", None), ("burner", BURN), ("bursts", BURSTS)):
+        burner = pinned(args.core, beside) if beside else None
         try:
             if burner:
                 time.sleep(0.3)
