@@ -1,4 +1,4 @@
-"""`kvlab serve` on the SFT checkpoint at rising request rates, continuous and static, measured over HTTP."""
+"""`kvlab serve` on the SFT checkpoint at rising request rates, each server of the config, measured over HTTP."""
 from kvlab.engine.data import read_texts
 from kvlab.io import write_csv_atomic, write_json_atomic
 from kvlab.measure.prompt import document_prompts
@@ -14,10 +14,10 @@ def main(snakemake):
                                key="extras.serve_bench.prompt_tokens")
     server = ["--checkpoint", snakemake.input.sft, "--inspection", snakemake.input.sft_inspected,
               "--tokenizer", tokenizer.folder, "--device", p.device, "--dtype", p.dtype, "--threads", 1,
-              "--max-num-seqs", p.max_num_seqs, "--matmuls", p.matmuls, "--max-waiting", p.max_waiting,
+              "--max-num-seqs", p.max_num_seqs, "--num-blocks", p.num_blocks, "--max-waiting", p.max_waiting,
               "--no-prefix-caching"]
     workload = Workload(prompts, p.output_tokens, p.temperature, p.top_p, p.seed)
-    plan = BenchPlan(tuple(p.policies), tuple(p.rate_fractions), p.lone_requests, p.saturation_requests,
+    plan = BenchPlan(tuple(p.servers), tuple(p.rate_fractions), p.lone_requests, p.saturation_requests,
                      p.seconds_per_rate, p.max_requests, p.request_timeout_s, p.slo_ttft_factor, p.slo_tpot_factor)
     rows, side = serve_bench(server, workload, plan)
     write_json_atomic(snakemake.output.serve_bench_runs, {**side, "prompts": len(prompts)})

@@ -1,9 +1,9 @@
 """Latency against the request rate, static and continuous, at fractions of the measured saturation
-throughput (kvlab.measure.serve_trace.rate_sweep)."""
+throughput (kvlab.measure.serve_rates.rate_sweep)."""
 from kvlab.checkpoints import load_model_input
 from kvlab.engine.data import read_texts
 from kvlab.io import write_csv_atomic, write_json_atomic
-from kvlab.measure import serve_trace
+from kvlab.measure import serve_rates
 from kvlab.measure.prompt import document_prompts
 from kvlab.measure.steps import use_threads
 from kvlab.workflow import load_tokenizer_input, run
@@ -17,7 +17,7 @@ def main(snakemake):
     prompts = document_prompts(tokenizer, read_texts(snakemake.input.val_data), settings["requests"],
                                settings["prompt_cap"], source=snakemake.input.val_data, key="extras.serving.requests")
     use_threads(p.threads)
-    rows, runs = serve_trace.rate_sweep(model, prompts, settings)
+    rows, runs = serve_rates.rate_sweep(model, prompts, settings)
     write_json_atomic(snakemake.output.serve_rates_runs, runs)
     write_csv_atomic(snakemake.output.serve_rates, rows)
 

@@ -111,7 +111,7 @@ def test_half_precision_gives_the_eager_path_s_tokens_too():
     cat = model.generate(PROMPT, max_new_tokens=12, **GREEDY)
     assert torch.equal(fast.generate(model, PROMPT, fast.StepPlan(compile_mode=None), max_new_tokens=12, **GREEDY), cat)
     (decoder,) = fast.decoders_of(model).values()
-    assert decoder.packed.dtype == decoder.cache.keys_t[0].dtype == torch.float16
+    assert decoder.weights.packed.dtype == decoder.cache.keys_t[0].dtype == torch.float16
 
 
 def test_the_fused_weights_follow_the_model_s(monkeypatch):
@@ -122,13 +122,13 @@ def test_the_fused_weights_follow_the_model_s(monkeypatch):
     before = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
     assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
     (decoder,) = fast.decoders_of(model).values()
-    assert decoder.packs == 1  # nothing changed: the packed weights are not copied again
+    assert decoder.weights.packs == 1  # nothing changed: the packed weights are not copied again
     with torch.no_grad():  # a training step, a load_state_dict: the weights change in place
         model.model.layers[0].self_attn.k_proj.weight.mul_(3.0)
         model.model.layers[1].mlp.up_proj.weight.mul_(-1.0)
     after = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
     assert not torch.equal(before, after), "the change must show in the tokens for the check to mean anything"
-    assert list(fast.decoders_of(model).values()) == [decoder] and decoder.packs == 2  # packed again
+    assert list(fast.decoders_of(model).values()) == [decoder] and decoder.weights.packs == 2  # packed again
     held = weakref.ref(model)
     del model, decoder, run
     gc.collect()

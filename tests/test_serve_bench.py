@@ -1,7 +1,7 @@
 """The serve_bench rule (kvlab.measure.serve_bench): the arithmetic of a run on made-up answers, and the
 rule itself on the tests' course with a tiny load: its CSV's columns, every request answered, latency
-rising past saturation, and its figure. One policy there (a server start costs
-seconds); static and continuous differ in the engine's tests (tests/test_serving_engine.py)."""
+rising past saturation, and its figure. One server there (a server start costs
+seconds); the ways of serving differ in the engine's tests (tests/test_serving_engine.py)."""
 import math
 import re
 import statistics
@@ -11,25 +11,28 @@ import numpy as np
 import pytest
 
 from kvlab.io import read_csv_rows, read_json
-from kvlab.measure.serve_bench import PERCENTILES, Answer, percentile, poisson_arrivals, summary
+from kvlab.facts.arrivals import poisson_arrivals
+from kvlab.measure.serve_bench import PERCENTILES, Answer, percentile, summary
 from kvlab.present import serving_figures
 
 from helpers import course_config, png_text, snakemake
 
 HANGUL = re.compile("[\uac00-\ud7a3]")
 
-TINY_BENCH = {"policies": ["continuous"], "rate_fractions": [0.5, 4.0], "prompt_tokens": 16,
+TINY_BENCH = {"servers": ["continuous"], "rate_fractions": [0.5, 4.0], "prompt_tokens": 16,
               "output_tokens": 6, "lone_requests": 1, "saturation_requests": 4, "seconds_per_rate": 1.0,
               "max_requests": 8, "request_timeout_s": 30, "max_num_seqs": 2}
 
 
 def test_poisson_arrivals_are_seeded_and_bounded_by_count_and_time():
-    arrivals = poisson_arrivals(20.0, 1000, 5.0, seed=3)
-    assert arrivals == poisson_arrivals(20.0, 1000, 5.0, seed=3) != poisson_arrivals(20.0, 1000, 5.0, seed=4)
+    arrivals = poisson_arrivals(1000, 20.0, 3, until=5.0)
+    assert arrivals == poisson_arrivals(1000, 20.0, 3, until=5.0) != poisson_arrivals(1000, 20.0, 4, until=5.0)
     assert arrivals[0] == 0 and arrivals == sorted(arrivals) and arrivals[-1] <= 5.0
     assert 0.8 < statistics.mean(np.diff(arrivals)) * 20 < 1.25  # exponential gaps of mean 1/rate
-    assert len(poisson_arrivals(20.0, 7, 5.0, seed=3)) == 7
-    assert poisson_arrivals(math.inf, 4, 1.0, seed=0) == [0.0] * 4
+    assert len(poisson_arrivals(7, 20.0, 3, until=5.0)) == 7
+    assert poisson_arrivals(4, math.inf, 0) == [0.0] * 4
+    # the trace rule's steps and serve_bench's seconds are one process: the same seed, the same gaps
+    assert poisson_arrivals(50, 0.5, "arrivals 0")[:3] == poisson_arrivals(3, 0.5, "arrivals 0")
 
 
 def test_percentiles_are_numpys_and_goodput_counts_requests_meeting_both_slos():
@@ -52,8 +55,8 @@ def test_the_rule_on_a_tiny_load_gives_its_csv_and_figure_with_latency_rising_pa
     config["extras"] = {**config["extras"], "serve_bench": TINY_BENCH}
     snakemake(tmp_path, "results/serving/bench.csv", config=config)
     rows = read_csv_rows(tmp_path / "results" / "serving" / "bench.csv")
-    assert [(row["policy"], row["rate_fraction"]) for row in rows] == [
-        (policy, fraction) for policy in TINY_BENCH["policies"] for fraction in TINY_BENCH["rate_fractions"]]
+    assert [(row["server"], row["rate_fraction"]) for row in rows] == [
+        (server, fraction) for server in TINY_BENCH["servers"] for fraction in TINY_BENCH["rate_fractions"]]
     columns = {"rate_rps", "requests", "completed", "rejected", "failed", "duration_s", "throughput_rps",
                "output_tok_s", "goodput_rps", "slo_met_share", "slo_ttft_ms", "slo_tpot_ms",
                *(f"{name}_p{q}_ms" for name in ("ttft", "tpot", "itl", "e2e") for q in PERCENTILES)}
@@ -61,12 +64,13 @@ def test_the_rule_on_a_tiny_load_gives_its_csv_and_figure_with_latency_rising_pa
     for row in rows:
         assert row["completed"] == row["requests"] > 0 and row["failed"] == 0, row
         assert row["ttft_p50_ms"] <= row["ttft_p90_ms"] <= row["ttft_p99_ms"] <= row["e2e_p99_ms"]
-    for policy in TINY_BENCH["policies"]:
-        low, high = [row for row in rows if row["policy"] == policy]
+    for server in TINY_BENCH["servers"]:
+        low, high = [row for row in rows if row["server"] == server]
         assert high["rate_rps"] > low["rate_rps"]
         assert high["ttft_p50_ms"] > low["ttft_p50_ms"] and high["e2e_p90_ms"] > low["e2e_p90_ms"], (low, high)
     side = read_json(tmp_path / "results" / "serving" / "bench_runs.json")
-    assert side["saturation_rps"] > 0
+    assert side["saturation_rps"] == side["saturation"]["continuous"]["throughput_rps"] > 0
+    assert all(row["saturation_rps"] == side["saturation_rps"] for row in rows)
     assert side["slo"]["ttft_ms"] == pytest.approx(5 * side["lone"]["continuous"]["ttft_ms"], rel=1e-3)
     # as rule figure_serve_bench draws it, in Korean (the default report.language); a missing glyph
     # warns: fail on it

@@ -1,7 +1,9 @@
-"""Continuous batching against static on one trace (kvlab.measure.serve_trace, rules serve_trace and
-serve_rates): every request as `generate` alone gives it, counted; continuous finishes a trace whose
-lengths vary in fewer forward steps, its slots fuller; the tables' columns; one-line refusals naming
-the config key; the built files and what reruns when a knob changes."""
+"""Continuous batching against static and against one request at a time on one trace
+(kvlab.measure.serve_trace, serve_run, serving_traces, serve_rates; rules serve_trace and serve_rates):
+every request of every way as `generate` alone gives it, counted; continuous finishes a trace whose
+lengths vary in fewer forward steps, its slots fuller; the engine's own records time each step; the
+tables' columns; one-line refusals naming the config key; the built files and what reruns when a knob
+changes."""
 import json
 import math
 
@@ -11,7 +13,7 @@ import yaml
 from kvlab.config import ConfigError, check_serving
 from kvlab.facts.results import FIGURES, REPORT_READS, RESULTS
 from kvlab.io import read_csv_rows
-from kvlab.measure import kv_waste, serve_trace
+from kvlab.measure import kv_waste, serve_rates, serve_run, serve_trace, serving_traces
 from kvlab.present import serving_figures
 
 from helpers import ROOT, SMALL_EXTRAS, course_config, dry_run_jobs, snakemake
@@ -50,17 +52,17 @@ def measured(model):
 
 def test_a_trace_is_seeded_its_lengths_in_range_and_the_same_at_any_rate():
     prompts = bos_prompts(6)
-    trace = serve_trace.main_trace(prompts, SETTINGS, SETTINGS["rate"])
-    assert trace == serve_trace.main_trace(prompts, SETTINGS, SETTINGS["rate"])
+    trace = serving_traces.main_trace(prompts, SETTINGS, SETTINGS["rate"])
+    assert trace == serving_traces.main_trace(prompts, SETTINGS, SETTINGS["rate"])
     assert all(4 <= len(r.prompt) <= 20 and r.prompt[0] == 1 and 1 <= r.params.max_tokens <= 10 for r in trace)
     assert [r.params.seed is None for r in trace] == [True, False] * 3  # every other request greedy
     assert all(r.params.eos_token_id is None for r in trace)  # each runs to its max_tokens
     steps = [r.arrival_step for r in trace]
     assert steps == sorted(steps) and steps[0] == 0
-    slower = serve_trace.main_trace(prompts, SETTINGS, 0.1)
+    slower = serving_traces.main_trace(prompts, SETTINGS, 0.1)
     assert [(r.prompt, r.params) for r in slower] == [(r.prompt, r.params) for r in trace]
     assert [r.arrival_step for r in slower] != steps
-    made = serve_trace.traces(prompts, [1, 2, 3], SETTINGS)
+    made = serving_traces.traces(prompts, [1, 2, 3], SETTINGS)
     assert all(r.prompt[:3] == [1, 2, 3] and len(r.prompt) == 3 + 4 for r in made["prefix"])
     assert all(r.params.n == 2 and r.params.seed is not None for r in made["parallel"])
 
@@ -76,6 +78,33 @@ def test_every_run_matches_generate_alone_greedy_and_seeded(measured):
         assert row["checked_requests"] == row["requests"], row["run"]
         assert (row["greedy_mismatches"], row["seeded_mismatches"]) == (0, 0), row["run"]
     assert all(record["same_as_alone"] for record in measured["events"])
+
+
+def test_the_trace_is_served_three_ways_each_held_against_generate_alone(measured):
+    """One at a time through the fastest single path, static and continuous on the compiled engine: the
+    same answers, each way's exact steps, every way timed in each repeat on both clocks."""
+    detail = measured["detail"]
+    assert detail["one_at_a_time"] == {"greedy_mismatches": 0, "seeded_mismatches": 0, "checked": 6}
+    ways = detail["way_counts"]
+    tokens = sum(r["max_tokens"] for r in detail["traces"]["trace"])
+    assert ways["one_at_a_time"] == {"forward_steps": tokens, "slots": 1, "slot_utilisation": 1.0, "tokens": tokens}
+    assert ways["continuous"]["forward_steps"] < ways["static"]["forward_steps"] < tokens
+    for way in serve_run.WAYS:
+        (run,) = detail["timings"][way]  # repeats: 1
+        assert run["tokens"] == tokens and run["wall_s"] > 0 and 0 < run["cpu_s"] <= run["wall_s"] * 1.05
+        assert run["tokens_per_s"] == pytest.approx(tokens / run["wall_s"])
+    assert detail["compile_s"]["engine"] >= 0 and detail["compile_s"]["one_at_a_time"] > 0
+
+
+def test_the_engine_records_each_steps_seconds_no_method_patched(model):
+    """A run's step records (the engine's own) split each step into the scheduler's and the forward's
+    seconds, the thread's CPU seconds beside; the on_schedule hook sees every plan."""
+    trace = serving_traces.main_trace(bos_prompts(6), SETTINGS, SETTINGS["rate"])
+    run = serve_run.serve(model, trace, serve_trace.engine_config(SETTINGS, "continuous"), "continuous")
+    assert len(run.held) == len(run.steps) > 0
+    for step in run.steps:
+        assert 0 < step.schedule_s + step.forward_s <= step.step_s and 0 < step.cpu_s
+    assert run.wall_s == pytest.approx(sum(step.step_s for step in run.steps))
 
 
 def test_continuous_takes_fewer_steps_than_static_with_fuller_slots(measured):
@@ -121,6 +150,11 @@ def test_the_timing_table_has_every_quantity_with_its_interval(measured):
                      "latency_p90", "latency_max", "scheduler_share", "forward_share", "cpu_share", "step_fixed",
                      "step_per_row"):
         assert ("continuous vs static", quantity) in rows, quantity
+    for quantity in ("throughput", "wall", "throughput_cpu"):
+        alone = rows["continuous vs one at a time", quantity]
+        assert (alone["baseline"], alone["subject"]) == ("one_at_a_time", "continuous")
+        assert alone["ratio_low"] <= alone["ratio"] <= alone["ratio_high"]
+        assert isinstance(alone["contended"], bool) and 0 < alone["subject_cpu_share"] <= 1.05
     throughput = rows["continuous vs static", "throughput"]
     assert throughput["ratio_low"] <= throughput["ratio"] <= throughput["ratio_high"]
     assert throughput["ratio"] == pytest.approx(rows["continuous vs static", "wall"]["ratio"])  # the same tokens
@@ -148,7 +182,7 @@ def test_the_timeline_and_the_events_say_what_happened_when(measured):
 
 def test_the_rate_sweep_measures_saturation_then_each_fraction(model):
     settings = SETTINGS | {"requests": 4, "max_tokens_max": 4, "rate_fractions": [0.5, 2.0]}
-    rows, runs = serve_trace.rate_sweep(model, bos_prompts(4), settings)
+    rows, runs = serve_rates.rate_sweep(model, bos_prompts(4), settings)
     assert [(row["policy"], row["fraction"]) for row in rows] == [(p, f) for p in ("static", "continuous")
                                                                   for f in (0.5, 2.0)]
     saturation = runs["saturation"]
@@ -162,18 +196,18 @@ def test_the_rate_sweep_measures_saturation_then_each_fraction(model):
         assert row["normalized_latency_steps"] >= 1 and row["normalized_latency_s"] > 0
         assert 1 <= row["ttft_p50_steps"] <= row["ttft_p90_steps"] <= row["latency_p90_steps"]
     # a run bounded in time keeps what finished
-    cut = serve_trace.serve(model, serve_trace.main_trace(bos_prompts(4), settings, 0.5),
+    cut = serve_run.serve(model, serving_traces.main_trace(bos_prompts(4), settings, 0.5),
                             serve_trace.engine_config(settings, "continuous"), "bounded", max_seconds=0.0)
-    assert cut.cut and serve_trace.rate_row(cut, 0.1, 0.5)["finished"] < 4
+    assert cut.cut and serve_rates.rate_row(cut, 0.1, 0.5)["finished"] < 4
 
 
 # --- one-line refusals ---------------------------------------------------------------------------
 
 
 def test_a_request_longer_than_the_pool_is_refused_naming_the_key(model):
-    trace = serve_trace.main_trace(bos_prompts(6), SETTINGS, 1.0)
+    trace = serving_traces.main_trace(bos_prompts(6), SETTINGS, 1.0)
     with pytest.raises(ValueError) as error:
-        serve_trace.check_fits(trace, serve_trace.engine_config(SETTINGS, "continuous", num_blocks=2),
+        serving_traces.check_fits(trace, serve_trace.engine_config(SETTINGS, "continuous", num_blocks=2),
                                "extras.serving.tight_blocks")
     assert str(error.value).startswith("config key 'extras.serving.tight_blocks': 2 blocks of 4 tokens cannot hold")
     assert "\n" not in str(error.value)

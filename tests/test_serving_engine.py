@@ -8,6 +8,8 @@ import torch
 from kvlab.engine import sampling
 from kvlab.serving import SamplingParams, ServingConfig
 
+from kvlab.serving import ServingEngine
+
 from serving_helpers import (GREEDY, alone, assert_pool_empty, mismatches, one_thread, prompts_of, serve,  # noqa: F401
                              tiny_model)
 
@@ -28,31 +30,63 @@ def staggered(prompts, params, every=2):
     return [(prompt, params, index * every) for index, prompt in enumerate(prompts)]
 
 
-def test_mixed_prefill_and_decode_steps_equal_generate_alone_bit_for_bit(model):
+def generate_logits(model, prompt, max_tokens):
+    """Every draw's logits of greedy `generate` on the prompt alone."""
+    expected = []
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        expected.append(out.logits[:, -1])
+        return out
+
+    model.forward = recording
+    try:
+        model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, eos_token_id=None, **GREEDY)
+    finally:
+        del model.forward
+    return expected
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_mixed_prefill_and_decode_steps_equal_generate_alone(model, compile):
+    """Eager, request by request (matmuls per request), each draw's logits are generate's own bits;
+    compiled, all rows in one step, they are within rounding and the tokens the same."""
     requests = staggered(prompts_of(LENGTHS), greedy(16))
     drawn = {}
-    result, engine = serve(model, ServingConfig(num_blocks=64, max_num_seqs=6), requests,
+    result, engine = serve(model, ServingConfig(num_blocks=64, max_num_seqs=6, compile=compile), requests,
                            on_draw=lambda rid, logits: drawn.setdefault(rid, []).append(logits.clone()))
     assert mismatches(model, result, requests) == []
     assert any(s.prefill_tokens and s.decode_tokens for s in result.stats.steps), "no step mixed the two"
     assert max(s.useful_slots for s in result.stats.steps) > 2
-    # per-request matmuls: each draw's logits are generate's own bits, not merely close
     for rid, (prompt, _, _) in enumerate(requests):
-        expected = []
-        forward = model.forward
-
-        def recording(*args, **kwargs):
-            out = forward(*args, **kwargs)
-            expected.append(out.logits[:, -1])
-            return out
-
-        model.forward = recording
-        try:
-            model.generate(torch.tensor([prompt]), max_new_tokens=16, eos_token_id=None, **GREEDY)
-        finally:
-            del model.forward
-        assert all(torch.equal(a, b) for a, b in zip(drawn[rid], expected, strict=True)), f"request {rid}"
+        expected = generate_logits(model, prompt, 16)
+        pairs = list(zip(drawn[rid], expected, strict=True))
+        if compile:
+            assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in pairs), f"request {rid}"
+        else:
+            assert all(torch.equal(a, b) for a, b in pairs), f"request {rid}"
     assert_pool_empty(engine)
+    assert engine.compiled == compile
+
+
+def test_one_compiled_step_serves_every_size_without_recompiling(model):
+    """The step compiled once (its sizes symbolic) serves steps of 1 to 6 rows, prompts and decodes,
+    contexts of 3 to 73 positions: no graph is compiled after the warm-up."""
+    from kvlab.serving.compiled_step import compiled_graphs
+
+    engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=6))
+    engine.warm_up()
+    graphs = compiled_graphs()
+    requests = staggered(prompts_of(LENGTHS, seed=21), greedy(16), every=3)
+    for prompt, params, arrival in requests:
+        engine.add_request(prompt, params, arrival_step=arrival)
+    result = engine.run()
+    rows = {s.prefill_tokens + s.decode_tokens for s in result.stats.steps}
+    assert min(rows) == 1 and max(rows) > 40, rows
+    assert compiled_graphs() == graphs
+    assert engine.runner.compiled.calls == len(result.stats.steps) + 1
+    assert mismatches(model, result, requests) == []
 
 
 SAMPLED = [
@@ -237,8 +271,6 @@ def test_a_drawn_stream_is_the_same_from_the_global_and_an_own_generator():
 def test_an_aborted_request_gives_its_blocks_back_at_once_and_changes_no_other_token(model):
     """What a server does when a client leaves: abort a request running (mid-decode, n = 2), one waiting
     and one not arrived yet; the others' tokens are still generate's alone, and the pool ends empty."""
-    from kvlab.serving import ServingEngine
-
     prompts = prompts_of((9, 21, 14, 6), seed=5)
     params = [greedy(12), SamplingParams(max_tokens=12, n=2, seed=7, eos_token_id=None, temperature=0.9),
               greedy(12), greedy(12)]

@@ -1,12 +1,17 @@
 """The serving engine's parts on their own: the block pool's bookkeeping and prefix hashes, paged
-attention against MiniMind's Attention and the one-line refusals of a bad configuration (the import
-contract that keeps kvlab.serving on the engine alone is one of tests/test_layout.py's)."""
+attention against MiniMind's Attention, the compiled step's rows and its attention over (row, block)
+pairs, the eager step where no compiler is found, and the one-line refusals of a bad configuration
+(the import contract that keeps kvlab.serving on the engine alone is one of tests/test_layout.py's)."""
+import warnings
+
 import pytest
 import torch
 
-from kvlab.serving import SamplingParams, ServingConfig, ServingEngine
+from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes
-from kvlab.serving.paged_attention import block_index, paged_attention, slot_ids
+from kvlab.serving.compiled_step import step_rows
+from kvlab.serving.paged_attention import (attend, block_attention, block_index, gather_kv, paged_attention,
+                                           slot_ids)
 
 from serving_helpers import GREEDY, one_thread, prompts_of, tiny_model  # noqa: F401
 
@@ -22,7 +27,9 @@ def model():
 def test_pool_tensors_are_allocated_once_per_layer(model):
     pool = BlockPool(model.config, num_blocks=6, block_size=16, dtype=torch.float32)
     assert len(pool.keys) == len(pool.values) == model.config.num_hidden_layers
-    assert pool.keys[0].shape == (6, 16, model.config.num_key_value_heads, model.config.head_dim)
+    # one block more than it lends: the scratch block the compiled step's padded rows write
+    assert pool.keys[0].shape == (7, 16, model.config.num_key_value_heads, model.config.head_dim)
+    assert pool.scratch_block == 6 and pool.num_free == 6
     assert pool.nbytes() == 6 * 16 * model.config.kv_bytes_per_token("float32")
 
 
@@ -110,7 +117,7 @@ def test_bad_configuration_is_refused_in_one_line_naming_the_knob(model):
     assert "ServingConfig.policy" in refusal(lambda: ServingConfig(policy="fifo"))
     assert "ServingConfig.matmuls" in refusal(lambda: ServingConfig(matmuls="batched"))
     message = refusal(lambda: ServingEngine(model, ServingConfig(block_size=24)))
-    assert "block_size (24) must divide the model's max_position_embeddings (1024)" in message
+    assert "ServingConfig.block_size: 24 does not divide the model's max_position_embeddings (1024)" in message
     assert "SamplingParams.max_tokens" in refusal(lambda: SamplingParams(max_tokens=0))
     assert "SamplingParams.n" in refusal(lambda: SamplingParams(n=0))
     assert "temperature must be > 0" in refusal(lambda: SamplingParams(temperature=0.0))
@@ -135,3 +142,65 @@ def test_a_request_the_engine_could_never_serve_is_refused_before_any_work(model
     assert "max_position_embeddings (1024)" in refusal(add(ServingConfig(), SamplingParams(max_tokens=1000)))
     assert "prompt: token ids must lie in 0 .. 299" in refusal(add(ServingConfig(), tokens=[5, 300]))
     assert "prompt: a request needs at least one token" in refusal(add(ServingConfig(), tokens=[]))
+
+
+# --- the compiled step's parts -------------------------------------------------------------------
+
+
+def reference_attention(q, keys, values, tables, positions):
+    """Each row alone, by MiniMind's attention (kvlab.serving.paged_attention.attend) over its held
+    positions gathered through its table."""
+    block_size = keys.shape[1]
+    out = []
+    for row, (table, position) in enumerate(zip(tables, positions)):
+        blocks = torch.tensor([table[: position // block_size + 1]])
+        held_k, held_v = gather_kv(keys, values, blocks, position + 1)
+        n_rep = q.shape[2] // keys.shape[2]
+        out.append(attend(q[row:row + 1], held_k, held_v, n_rep, use_flash=False, had_past=position > 0))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_block_attention_is_minimind_attention_row_by_row(compiled):
+    """Rows of other requests, positions and scattered tables, the work split into (row, block) pairs:
+    each row's output is MiniMind's attention over its own positions, within rounding."""
+    generator = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, 12, 4, 2, 8, generator=generator)  # 12 blocks of 4 positions, 2 KV heads
+    tables = [[5, 2, 7, 0], [3], [11, 9, 1], [4, 6]]
+    positions = [13, 0, 10, 4]
+    q = torch.randn(4, 1, 4, 8, generator=generator)  # 4 query heads: 2 per KV head
+    rows = step_rows([([1], position, table, True) for position, table in zip(positions, tables)], 4, 8, "cpu")
+    assert rows.pair_rows.tolist() == [0, 0, 0, 0, 1, 2, 2, 2, 3, 3]  # each row reads its blocks up to its position
+    assert rows.pair_blocks.tolist() == [5, 2, 7, 0, 3, 11, 9, 1, 4, 6]
+    assert rows.pair_starts.tolist() == [0, 4, 8, 12, 0, 0, 4, 8, 0, 4]
+    assert rows.slots.tolist() == [0 * 4 + 1, 3 * 4 + 0, 1 * 4 + 2, 6 * 4 + 0]  # block x 4 + offset of each position
+    attention = torch.compile(block_attention, fullgraph=True) if compiled else block_attention
+    got = attention(q, keys, values, torch.tensor(positions), rows.pair_rows, rows.pair_blocks, rows.pair_starts)
+    expected = reference_attention(q, keys, values, tables, positions)
+    assert torch.allclose(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_a_step_of_one_row_is_padded_onto_the_scratch_block():
+    """Dynamo compiles sizes 0 and 1 apart: a lone row gets a second on the scratch block, a lone wanted
+    logit a second copy, so the one compiled step serves them too."""
+    rows = step_rows([([7], 5, [2, 3], True)], 4, 9, "cpu")
+    assert rows.token_ids.tolist() == [7, 0] and rows.positions.tolist() == [5, 0]
+    assert rows.slots.tolist() == [3 * 4 + 1, 9 * 4] and rows.logit_rows.tolist() == [0, 1]
+    assert rows.pair_blocks.tolist() == [2, 3, 9]  # the scratch row reads the scratch block only
+
+
+def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eagerly(model, monkeypatch):
+    from kvlab.engine import fast
+    from kvlab.serving.compiled_step import NO_COMPILER
+
+    monkeypatch.setattr(fast, "find_cpp_compiler", lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = ServingEngine(model, ServingConfig(num_blocks=16))
+        engine.add_request(prompts_of([9])[0], SamplingParams(max_tokens=5, eos_token_id=None, **GREEDY))
+        result = engine.run()
+    lines = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert lines == [NO_COMPILER] and "\n" not in lines[0]
+    assert not engine.compiled and engine.warm_up() == 0.0
+    assert result.outputs[0].samples == [generate_alone(model, prompts_of([9])[0], SamplingParams(
+        max_tokens=5, eos_token_id=None, **GREEDY))][0]

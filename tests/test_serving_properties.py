@@ -1,5 +1,5 @@
-"""Drawn traces: whatever the requests, arrivals, pool, budget and policy, every request gets what
-`generate` gives it alone, and the pool ends empty."""
+"""Drawn traces: whatever the requests, arrivals, pool, budget, policy and way (compiled or eager),
+every request gets what `generate` gives it alone, and the pool ends empty."""
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,24 +32,23 @@ def requests(draw):
     return drawn
 
 
-def blocks_for(prompt, params, size=16):
-    most = len(prompt) + params.max_tokens - 1
-    shared = len(prompt) // size if params.n > 1 else 0
-    return shared + params.n * (-(-most // size) - shared)
+def blocks_for(prompt, params):
+    """The most blocks the request holds (ServingConfig's rule, the one home of that arithmetic)."""
+    return ServingConfig(block_size=16).blocks_for(len(prompt), params.max_tokens, params.n)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=requests(), spare_blocks=st.integers(0, 6), budget=st.sampled_from([16, 24, 64, 128]),
        chunked=st.booleans(), policy=st.sampled_from(["continuous", "static"]),
-       matmuls=st.sampled_from(["per_request", "per_request", "fused"]))
+       matmuls=st.sampled_from(["per_request", "per_request", "fused"]), compile=st.booleans())
 def test_every_request_equals_generate_alone_and_the_pool_ends_empty(trace, spare_blocks, budget, chunked, policy,
-                                                                    matmuls):
+                                                                    matmuls, compile):
     longest_prompt = max(len(prompt) for prompt, _, _ in trace)
     if not chunked and longest_prompt > budget:
         budget = longest_prompt  # without chunking a prompt must fit a step (refused otherwise: test_serving_parts)
     config = ServingConfig(num_blocks=max(blocks_for(p, params) for p, params, _ in trace) + spare_blocks,
                            max_num_seqs=4, max_num_batched_tokens=budget, chunked_prefill=chunked, policy=policy,
-                           matmuls=matmuls)
+                           matmuls=matmuls, compile=compile)
     result, engine = serve(MODEL, config, trace)
     assert mismatches(MODEL, result, trace) == []
     assert_pool_empty(engine)

@@ -7,7 +7,8 @@ max_position_embeddings 2048) and a seeded Poisson trace: `--requests` requests 
 per step, prompts of 20-200 tokens (half of them after one of two shared 64-token system prompts),
 max_tokens 8-64, half greedy, half sampled with a seed of their own, a few with n = 2.
 
-Each configuration serves the whole trace; then every request is generated alone by `generate`
+Each configuration serves the whole trace (compiled, the engine's default, unless it says eager); then
+every request is generated alone by `generate`
 (after torch.manual_seed(seed) when seeded) and compared: tokens (mismatches, counted), and each
 draw's logits bit for bit (draws with other bits, the largest difference), beside the smallest gap
 between a greedy draw's two best logits (what a difference would have to exceed to change a token).
@@ -24,11 +25,12 @@ import torch
 
 from kvlab.engine.config import MiniMindConfig
 from kvlab.engine.model import MiniMindForCausalLM, random_weights
+from kvlab.engine.sampling import GREEDY
+from kvlab.facts.arrivals import poisson_arrivals
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 
 LAB_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=2048,
                 max_position_embeddings=2048)
-GREEDY = dict(do_sample=False, top_k=0, top_p=1.0)
 
 
 def random_model(seed: int) -> MiniMindForCausalLM:
@@ -42,9 +44,8 @@ def poisson_trace(count: int, rate: float, seed: int) -> list[tuple[list[int], S
     rng = torch.Generator().manual_seed(seed)
     vocab = LAB_SIZE["vocab_size"]
     systems = [torch.randint(3, vocab, (64,), generator=rng).tolist() for _ in range(2)]
-    clock, trace = 0.0, []
-    for index in range(count):
-        clock += float(torch.empty(1).exponential_(rate, generator=rng))
+    trace = []
+    for index, clock in enumerate(poisson_arrivals(count, rate, seed)):
         length = int(torch.randint(20, 201, (1,), generator=rng))
         if index % 2:  # the shared-prefix variant: a system prompt, then the request's own tokens
             tail = torch.randint(3, vocab, (max(1, length - 64),), generator=rng).tolist()
@@ -160,8 +161,10 @@ def main() -> None:
             num_blocks=256, max_num_seqs=slots, max_num_batched_tokens=128, chunked_prefill=True),
         "continuous + prefix caching, a tight pool of 40 blocks": ServingConfig(
             num_blocks=40, max_num_seqs=slots, max_num_batched_tokens=budget),
-        "continuous + prefix caching, fused matmuls": ServingConfig(num_blocks=256, max_num_seqs=slots,
-                                                                    max_num_batched_tokens=budget, matmuls="fused"),
+        "continuous + prefix caching, eager, per-request matmuls (generate's bits)": ServingConfig(
+            num_blocks=256, max_num_seqs=slots, max_num_batched_tokens=budget, compile=False),
+        "continuous + prefix caching, eager, fused matmuls": ServingConfig(
+            num_blocks=256, max_num_seqs=slots, max_num_batched_tokens=budget, compile=False, matmuls="fused"),
     }
     for name, config in configs.items():
         began, began_cpu = time.perf_counter(), time.process_time()

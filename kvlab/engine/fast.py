@@ -229,6 +229,44 @@ def piece_source(model: MiniMindForCausalLM, name: str, shape: Shape) -> torch.T
     return torch.cat([ffn.gate_proj.weight, ffn.up_proj.weight])  # gate_up
 
 
+class PackedWeights:
+    """One flat copy of every weight a step reads (`packed`, laid out by `pack_layout`) and its views
+    (`views`, a ModelWeights). It holds its model weakly. `refresh` copies the model's weights in
+    again when one has changed since the last copy (a tensor's version counter counts its in-place
+    changes: a training step, load_state_dict); `packs` counts the copies."""
+
+    def __init__(self, model: MiniMindForCausalLM, shape: Shape, plan: StepPlan):
+        weight = model.lm_head.weight
+        self._model = weakref.ref(model)
+        self.shape, self.plan = shape, plan
+        self.layout = pack_layout(shape, plan)
+        self.packed = torch.zeros(sum(math.prod(size) for _, size in self.layout), dtype=weight.dtype,
+                                  device=weight.device)
+        self.views = unpack(self.packed, shape, plan)
+        self.packs = 0
+        self._parameters = list(model.parameters())  # listed once: walking the modules costs 2 ms
+        self._packed_from = None
+
+    def _version(self) -> tuple:
+        """Where each of the model's weights lies and how often it was changed in place."""
+        return tuple((tensor.data_ptr(), tensor._version) for tensor in self._parameters)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the model's weights into the packed weights, if any changed since the last copy."""
+        model = self._model()
+        version = self._version()
+        if version == self._packed_from:
+            return
+        offset = 0
+        for name, size in self.layout:
+            count = math.prod(size)
+            self.packed[offset : offset + count].view(size).copy_(piece_source(model, name, self.shape))
+            offset += count
+        self._packed_from = version
+        self.packs += 1
+
+
 # --- the step ------------------------------------------------------------------------------------
 
 
@@ -242,7 +280,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def stored(x: torch.Tensor) -> torch.Tensor:
     """x itself, which the compiler must write to memory before it is read (as_strided needs a real
     storage). A product written row by row reads each element of its input once per row of the
-    weight: an input left as a formula (a norm, a residual sum) would be computed again for every row."""
+    weight: an input left as a formula (a norm, a residual sum) would be computed again for every row.
+    Made contiguous first: the compiler may lay a view's values out anew, where a view's own strides
+    would read the wrong elements (a split or a transpose)."""
+    x = x.contiguous()
     return x.as_strided(x.size(), x.stride())
 
 
@@ -406,21 +447,17 @@ class Decoder:
 
     `first_step_s` is the wall time of the first compiled step (compiling, or finding the compiled
     code when another Decoder of the same shapes compiled it), kept apart from every timing;
-    `steps` counts the decode steps run, `packs` how often the weights were packed."""
+    `steps` counts the decode steps run."""
 
     def __init__(self, model: MiniMindForCausalLM, batch: int, cache_length: int, plan: StepPlan):
         self._model = weakref.ref(model)
         self.batch, self.cache_length, self.plan = batch, cache_length, plan
         self.first_step_s: float | None = None
         self.steps = 0
-        self.packs = 0
         config, weight = model.config, model.lm_head.weight
         dtype, device = weight.dtype, weight.device
         self.shape = shape_of(model, cache_length)
-        self.layout = pack_layout(self.shape, plan)
-        self.packed = torch.zeros(sum(math.prod(size) for _, size in self.layout), dtype=dtype, device=device)
-        self.weights = unpack(self.packed, self.shape, plan)  # views, for the eager step
-        self._packed_from = None
+        self.weights = PackedWeights(model, self.shape, plan)
         self.cache = DecodeCache(config, batch, cache_length, dtype, device)
         self.token_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
@@ -432,7 +469,7 @@ class Decoder:
 
     def step_inputs(self) -> tuple:
         """What the compiled step reads, in its order: four tensors, then per layer K and V."""
-        return (self.token_ids, self.position, self.padding_bias, self.packed, self.cache.keys_t,
+        return (self.token_ids, self.position, self.padding_bias, self.weights.packed, self.cache.keys_t,
                 self.cache.head_major_values)
 
     def step_tensors(self) -> list[torch.Tensor]:
@@ -443,29 +480,11 @@ class Decoder:
     def model(self) -> MiniMindForCausalLM:
         return self._model()
 
-    def _weights_version(self) -> tuple:
-        """Where each of the model's weights lies and how often it was changed in place."""
-        return tuple((tensor.data_ptr(), tensor._version) for tensor in self.model.parameters())
-
-    @torch.no_grad()
-    def pack(self) -> None:
-        """Copy the model's weights into the packed weights, if any changed since the last packing."""
-        version = self._weights_version()
-        if version == self._packed_from:
-            return
-        offset = 0
-        for name, size in self.layout:
-            count = math.prod(size)
-            self.packed[offset : offset + count].view(size).copy_(piece_source(self.model, name, self.shape))
-            offset += count
-        self._packed_from = version
-        self.packs += 1
-
     def start(self, attention_mask: torch.Tensor | None) -> DecodeCache:
         """Make the decoder ready for a new generation: the cache empty, the weights packed if they
         changed, the prompt's padding (attention_mask (B, P), 0 at padding) in the padding bias."""
         self.cache.length = 0
-        self.pack()
+        self.weights.refresh()
         self.padding_bias.zero_()
         if attention_mask is not None:
             self.padding_bias[:, : attention_mask.shape[1]] = (1.0 - attention_mask.float()) * PADDED_KEY_SCORE
@@ -494,7 +513,7 @@ class Decoder:
     def run_step(self) -> torch.Tensor:
         """One decode step of `token_ids` at `position`: (B, V) logits, K and V written into the cache."""
         if self.step_fn is None:
-            logits = step_logits(self.token_ids, self.position, self.padding_bias, self.weights, self.cache.keys_t,
+            logits = step_logits(self.token_ids, self.position, self.padding_bias, self.weights.views, self.cache.keys_t,
                                  self.cache.head_major_values, self.shape, self.plan)
         else:
             logits = self._compiled_step()

@@ -8,6 +8,9 @@ each rule in the project.
 
 import torch
 
+# The lab sheet's greedy knobs: the argmax, top-k and top-p off (every greedy generation in kvlab).
+GREEDY = dict(do_sample=False, top_k=0, top_p=1.0)
+
 
 def check_temperature(temperature: float, do_sample: bool) -> None:
     """Sampling at a temperature <= 0 is undefined (MiniMind would divide by zero
@@ -28,7 +31,7 @@ def apply_temperature(logits: torch.Tensor, temperature: float, do_sample: bool)
     return logits
 
 
-def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor | None, penalty: float) -> torch.Tensor:
     """Sign-aware repetition penalty over the ids each row has seen.
 
     logits: (batch, vocab); seen_ids: (batch, length), every id already in the row.
@@ -75,11 +78,13 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(~top_p_keep(logits, p), float("-inf"))
 
 
-def next_token(logits: torch.Tensor, seen_ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float,
+def next_token(logits: torch.Tensor, seen_ids: torch.Tensor | None, *, temperature: float, top_k: int, top_p: float,
                repetition_penalty: float, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
     """`generate`'s choice of each row's next token from its last logits (batch, vocab), the knobs in
     MiniMind's order: temperature, repetition penalty, top-k, top-p, then a draw or the argmax.
-    `generator` is the one the draw uses (see pick_next_token)."""
+    `seen_ids` (batch, length), each row's ids so far, is read only by a repetition penalty (None
+    without one). `generator` is the one the draw uses (see pick_next_token). Every step but the draw
+    treats each row apart: rows chosen together get what each would get alone."""
     logits = apply_temperature(logits, temperature, do_sample)
     logits = apply_repetition_penalty(logits, seen_ids, repetition_penalty)
     logits = top_k_filter(logits, top_k)

@@ -1,13 +1,14 @@
 """`kvlab serve` measured by a client over HTTP, as vLLM's `bench serve` measures a server: seeded
 Poisson arrivals at rising request rates, every answer streamed, every token's arrival timed.
 
-The measurement, for each scheduling policy (a server of its own, started on a free loopback port and
-stopped with SIGTERM):
+The measurement, for each server (SERVERS: the engine continuous on its compiled step, static on it,
+or continuous and eager, request by request, as before the compiled step), a server of its own started
+on a free loopback port and stopped with SIGTERM:
   1. a lone request, `lone_requests` times one after another (after one untimed warm-up): its median
      TTFT and TPOT set the SLOs, `slo_ttft_factor` x TTFT and `slo_tpot_factor` x TPOT (measured on the
-     first policy, kept for both);
-  2. the saturation throughput (first policy only): `saturation_requests` sent at once, completed
-     requests per second; the offered rates are `rate_fractions` of it, the same for both policies;
+     first server, kept for all);
+  2. its saturation throughput: `saturation_requests` sent at once, completed requests per second;
+     the offered rates are `rate_fractions` of the first server's, the same for every server;
   3. at each rate, requests arrive with exponential gaps (seeded), for at most `seconds_per_rate`
      seconds and `max_requests` requests; a run ends when every request has answered, or
      `request_timeout_s` after its last arrival (what is still open then counts as failed).
@@ -41,11 +42,19 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.facts.arrivals import poisson_arrivals
+
 log = logging.getLogger("kvlab")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
+# The servers a bench may start, by name: `kvlab serve`'s flags for each.
+SERVERS = {
+    "continuous": ["--policy", "continuous"],  # the engine's default: continuous batching, one compiled step
+    "static": ["--policy", "static"],  # a batch runs until its longest request is done, then the next
+    "eager": ["--policy", "continuous", "--enforce-eager", "--matmuls", "fused"],  # the engine before its compiled step
+}
 
 
 # --- the server, as a child process ----------------------------------------------------------------
@@ -208,19 +217,10 @@ class Workload:
         return body | ({"model": self.model} if self.model else {})
 
 
-def poisson_arrivals(rate: float, count: int, seconds: float, seed: int) -> list[float]:
-    """Arrival offsets (s) with exponential gaps at `rate` per second: at most `count`, none after `seconds`
-    (the first at 0). A rate of inf sends all `count` at once."""
-    if math.isinf(rate):
-        return [0.0] * count
-    rng = random.Random(seed)
-    arrivals, clock = [0.0], 0.0
-    while len(arrivals) < count:
-        clock += rng.expovariate(rate)
-        if clock > seconds:
-            break
-        arrivals.append(clock)
-    return arrivals
+def arrivals_at(rate: float, count: int, seconds: float, seed: int) -> list[float]:
+    """Arrival offsets (s) at `rate` per second: at most `count`, none after `seconds`, the first at 0
+    (kvlab.facts.arrivals). A rate of inf sends all `count` at once."""
+    return poisson_arrivals(count, rate, seed, until=seconds)
 
 
 async def drive(url: str, workload: Workload, arrivals: list[float], timeout: float, first_index: int = 0):
@@ -279,7 +279,7 @@ def summary(answers: list[Answer], wall_s: float, slo_ttft: float, slo_tpot: flo
 class BenchPlan:
     """Every knob of the measurement (config extras.serve_bench)."""
 
-    policies: tuple[str, ...]
+    servers: tuple[str, ...]
     rate_fractions: tuple[float, ...]
     lone_requests: int
     saturation_requests: int
@@ -293,13 +293,14 @@ class BenchPlan:
 def serve_bench(server_args: list[str], workload: Workload, plan: BenchPlan, log_folder=None,
                 ready_timeout: float = 120.0) -> tuple[list[dict], dict]:
     """Run the measurement (the module's docstring). `server_args`: `kvlab serve`'s arguments but the
-    policy. Returns (rows, side): a row per policy and rate, and the lone request, saturation and SLOs."""
-    side: dict = {}
+    server's own (SERVERS). Returns (rows, side): a row per server and rate, and each server's lone
+    request and saturation, and the SLOs."""
+    side: dict = {"lone": {}, "saturation": {}}
     rows: list[dict] = []
     index = 0  # every request of the whole bench has its own seed and prompt position
-    for policy in plan.policies:
-        log_path = Path(log_folder, f"server_{policy}.log") if log_folder else None
-        with ServerProcess([*server_args, "--policy", policy], log_path=log_path, ready_timeout=ready_timeout) as server:
+    for name in plan.servers:
+        log_path = Path(log_folder, f"server_{name}.log") if log_folder else None
+        with ServerProcess([*server_args, *SERVERS[name]], log_path=log_path, ready_timeout=ready_timeout) as server:
             asyncio.run(drive(server.url, workload, [0.0], plan.request_timeout_s, index))  # warm-up, untimed
             index += 1
             lone = []
@@ -313,42 +314,40 @@ def serve_bench(server_args: list[str], workload: Workload, plan: BenchPlan, log
             lone_ttft = statistics.median(a.ttft for a in lone)
             lone_tpot = statistics.median(a.tpot for a in lone if a.tpot is not None) \
                 if workload.output_tokens > 1 else math.nan
-            side.setdefault("lone", {})[policy] = {"ttft_ms": round(lone_ttft * 1000, 2),
-                                                   "tpot_ms": round(lone_tpot * 1000, 2)}
+            side["lone"][name] = {"ttft_ms": round(lone_ttft * 1000, 2), "tpot_ms": round(lone_tpot * 1000, 2)}
             if "slo" not in side:
                 side["slo"] = {"ttft_ms": round(plan.slo_ttft_factor * lone_ttft * 1000, 2),
                                "tpot_ms": round(plan.slo_tpot_factor * lone_tpot * 1000, 2),
                                "ttft_factor": plan.slo_ttft_factor, "tpot_factor": plan.slo_tpot_factor,
-                               "measured_on": policy}
+                               "measured_on": name}
             slo_ttft, slo_tpot = side["slo"]["ttft_ms"] / 1000, side["slo"]["tpot_ms"] / 1000
-            if "saturation_rps" not in side:
-                answers, wall = asyncio.run(drive(server.url, workload, [0.0] * plan.saturation_requests,
-                                                  plan.request_timeout_s, index))
-                index += len(answers)
-                burst = summary(answers, wall, slo_ttft, slo_tpot)
-                if not burst["completed"]:
-                    raise RuntimeError(f"no request of the saturation burst completed\n{server.log_tail()}")
-                side["saturation_rps"] = burst["throughput_rps"]
-                side["saturation"] = {"measured_on": policy, **burst}
-                log.info("saturation (%s): %.3f requests/s, %s tokens/s", policy, burst["throughput_rps"],
-                         burst["output_tok_s"])
+            answers, wall = asyncio.run(drive(server.url, workload, [0.0] * plan.saturation_requests,
+                                              plan.request_timeout_s, index))
+            index += len(answers)
+            burst = summary(answers, wall, slo_ttft, slo_tpot)
+            if not burst["completed"]:
+                raise RuntimeError(f"no request of the saturation burst completed\n{server.log_tail()}")
+            side["saturation"][name] = burst
+            side.setdefault("saturation_rps", burst["throughput_rps"])  # the first server's: the rates' base
+            log.info("saturation (%s): %.3f requests/s, %s tokens/s", name, burst["throughput_rps"],
+                     burst["output_tok_s"])
             for number, fraction in enumerate(plan.rate_fractions):
                 rate = fraction * side["saturation_rps"]
-                arrivals = poisson_arrivals(rate, plan.max_requests, plan.seconds_per_rate,
-                                            seed=workload.seed + 1000 * number)
+                arrivals = arrivals_at(rate, plan.max_requests, plan.seconds_per_rate, seed=workload.seed + 1000 * number)
                 answers, wall = asyncio.run(drive(server.url, workload, arrivals, plan.request_timeout_s, index))
                 index += len(answers)
-                row = {"policy": policy, "rate_fraction": fraction, "rate_rps": round(rate, 3),
+                row = {"server": name, "rate_fraction": fraction, "rate_rps": round(rate, 3),
                        "output_tokens": workload.output_tokens,
                        **summary(answers, wall, slo_ttft, slo_tpot),
-                       "slo_ttft_ms": side["slo"]["ttft_ms"], "slo_tpot_ms": side["slo"]["tpot_ms"]}
+                       "slo_ttft_ms": side["slo"]["ttft_ms"], "slo_tpot_ms": side["slo"]["tpot_ms"],
+                       "saturation_rps": burst["throughput_rps"]}
                 log.info("%s at %.2f x saturation (%.2f req/s): %d/%d completed, TTFT p50 %.1f ms p99 %.1f ms, "
-                         "TPOT p50 %.2f ms, goodput %.3f req/s", policy, fraction, rate, row["completed"],
+                         "TPOT p50 %.2f ms, goodput %.3f req/s", name, fraction, rate, row["completed"],
                          row["requests"], row["ttft_p50_ms"], row["ttft_p99_ms"], row["tpot_p50_ms"],
                          row["goodput_rps"])
                 rows.append(row)
             status = server.stop()
-            log.info("kvlab serve --policy %s, its log's end:\n%s", policy, server.log_tail(12))
+            log.info("kvlab serve (%s), its log's end:\n%s", name, server.log_tail(12))
             if status != 0:
                 raise RuntimeError(f"kvlab serve exited with {status} after SIGTERM\n{server.log_tail()}")
     side["cpu_count"] = os.cpu_count()

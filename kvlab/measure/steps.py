@@ -12,13 +12,14 @@ import torch
 
 from kvlab.engine.device import dtype_name, timing_context
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
+from kvlab.engine import sampling
 from kvlab.engine.sampling import top_p_keep
 from kvlab.engine.tokenizer import Tokenizer
 from kvlab.facts import timing
 from kvlab.facts.formulas import MODES
 
 # Greedy decoding with every knob off, as the lab sheet asks for steps 1-3.
-GREEDY = dict(do_sample=False, top_k=0, top_p=1.0, eos_token_id=None)
+GREEDY = {**sampling.GREEDY, "eos_token_id": None}
 
 
 @dataclass

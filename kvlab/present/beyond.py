@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from kvlab.facts.formulas import BATCH_MODES, VLLM_PAPER, fits_budgets
-from kvlab.present.verdicts import against, comparison, direction, steps, trend, value_against
+from kvlab.present.verdicts import against, comparison, direction, on_clock, steps, trend, value_against
 
 
 def model_section(results: dict) -> dict:
@@ -284,10 +284,11 @@ def capacity_table(rows: list[dict]) -> dict:
 
 
 def serving_trace_section(results: dict) -> dict:
-    """Continuous batching against static on one trace (serve_counts, serve_timing, serve_rates): exact
-    counts first (steps, slot utilisation, preemptions, prefix hits, memory shared by n > 1 samples, the
-    mismatches against `generate` alone), then the timed ratios, each judged by its interval against 1,
-    and the latency against the request rate."""
+    """Continuous batching against static and against one request at a time on one trace (serve_counts,
+    serve_timing, serve_trace, serve_rates): exact counts first (steps, slot utilisation, preemptions,
+    prefix hits, memory shared by n > 1 samples, the mismatches against `generate` alone), then the
+    timed ratios, each judged by its interval against 1 (throughput on the CPU clock where a side waited
+    for the CPU), and the latency against the request rate."""
     if "serve_counts" not in results:
         return {}
     runs = {row["run"]: row for row in results["serve_counts"]}
@@ -301,9 +302,15 @@ def serving_trace_section(results: dict) -> dict:
     def ratio(comparison: str, quantity: str) -> dict:
         row = timing[(comparison, quantity)]
         return {"ratio": row["ratio"], "low": row["ratio_low"], "high": row["ratio_high"],
-                "verdict": against((row["ratio_low"], row["ratio_high"]), 1.0), "unstable": row["unstable"]}
+                "verdict": against((row["ratio_low"], row["ratio_high"]), 1.0), "unstable": row["unstable"],
+                "contended": bool(row.get("contended", False))}
+
+    def clocked(comparison: str) -> dict:
+        """Throughput on the wall clock, or on the CPU clock where a side waited for the CPU."""
+        return on_clock(ratio(comparison, "throughput"), ratio(comparison, "throughput_cpu"))
 
     versus = "continuous vs static"
+    detail = results.get("serve_trace", {})
     rates = results.get("serve_rates", [])
     by_policy = {policy: [row for row in rates if row["policy"] == policy] for policy in ("continuous", "static")}
     return {"serving_trace": {
@@ -311,12 +318,16 @@ def serving_trace_section(results: dict) -> dict:
         "prefix_off": prefix_off, "parallel": parallel,
         "mismatches": sum(row["greedy_mismatches"] + row["seeded_mismatches"] for row in results["serve_counts"]),
         "checked": sum(row["checked_requests"] for row in results["serve_counts"]),
+        "alone_mismatches": sum(detail.get("one_at_a_time", {}).get(key, 0)
+                                for key in ("greedy_mismatches", "seeded_mismatches")),
         # exact counts, the same on every machine: fewer steps, fuller slots
         "steps": comparison([(static["forward_steps"], continuous["forward_steps"])]),
         "step_ratio": static["forward_steps"] / continuous["forward_steps"],
         "utilisation": comparison([(continuous["slot_utilisation"], static["slot_utilisation"])]),
         "prefix_peak": comparison([(prefix_off["peak_blocks"], prefix_on["peak_blocks"])]),
-        "throughput": ratio(versus, "throughput"), "ttft": ratio(versus, "ttft_p50"),
+        "throughput": clocked(versus), "over_alone": clocked("continuous vs one at a time"),
+        "ways": detail.get("way_counts", {}), "alone_checked": detail.get("one_at_a_time", {}),
+        "compile_s": detail.get("compile_s", {}), "ttft": ratio(versus, "ttft_p50"),
         "tpot": ratio(versus, "tpot_p50"), "latency": ratio(versus, "latency_p90"),
         "prefix_ttft": ratio("prefix cache on vs off", "ttft_p50"),
         "scheduler_share": timing[(versus, "scheduler_share")]["subject_median"],

@@ -8,7 +8,7 @@ text in its metadata.
                   saturation throughput measured first (the PagedAttention paper's Fig. 12 shape), in
                   engine steps (exact) and in seconds (this machine)
   serve_bench     `kvlab serve` measured over HTTP (results/serving/bench.csv): latency and goodput
-                  against the offered request rate, each policy a line
+                  against the offered request rate, each server a line
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from kvlab.present.i18n import N_
 from kvlab.present.figures import drawing, save
 
 POLICY_STYLES = {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}
+# serve_bench's servers (kvlab.measure.serve_bench.SERVERS)
+SERVER_STYLES = {**POLICY_STYLES, "eager": ("tab:gray", "^")}
 # A run whose process had the CPU for less of its steps' time than this waited for it (pyperf warns so).
 WAITED_BELOW = 0.9
 PHASE_COLORS = {"waiting": "#d9d9d9", "prefill": "tab:orange", "decoding": "tab:blue"}
@@ -60,7 +62,10 @@ LABELS = {
     "throughput": N_("{policy}: completed"),
     "goodput": N_("{policy}: goodput (both SLOs met)"),
     "offered": N_("offered"),
-    "saturation": N_("saturation ({rate:.2f} req/s)"),
+    "saturation": N_("{policy} saturates ({rate:.2f} req/s)"),
+    "server_continuous": N_("continuous, compiled"),
+    "server_static": N_("static, compiled"),
+    "server_eager": N_("continuous, eager"),
     "slo": N_("SLO ({ms:.0f} ms)"),
     "slo_tpot": N_("SLO ({ms:.1f} ms)"),
     "ttft_title": N_("TTFT"),
@@ -187,25 +192,28 @@ def serve_latency(rows: list[dict], path, language: str = "en") -> None:
 
 def serve_bench(rows: list[dict], path, language: str = "en") -> None:
     """Left: TTFT p50 and p99 against the offered rate; middle: TPOT; right: completed requests and
-    goodput per second against the offered rate. A dashed line marks the saturation throughput, a
-    dotted one each SLO."""
-    saturation = next(row["rate_rps"] / row["rate_fraction"] for row in rows)
+    goodput per second against the offered rate. A dashed line of its colour marks each server's
+    saturation throughput, a dotted one each SLO."""
     with drawing(language, LABELS) as text:
         fig, (ttft_ax, tpot_ax, good_ax) = plt.subplots(1, 3, figsize=(14, 4.6))
-        for policy, (color, marker) in POLICY_STYLES.items():
-            mine = sorted((row for row in rows if row["policy"] == policy), key=lambda row: row["rate_rps"])
+        for server, (color, marker) in SERVER_STYLES.items():
+            mine = sorted((row for row in rows if row["server"] == server), key=lambda row: row["rate_rps"])
             if not mine:
                 continue
+            name = text(f"server_{server}")
             rate = np.array([row["rate_rps"] for row in mine])
-            for ax, name in ((ttft_ax, "ttft"), (tpot_ax, "tpot")):
-                ax.plot(rate, [row[f"{name}_p50_ms"] for row in mine], f"{marker}-", color=color,
-                        label=text("p50", policy=policy))
-                ax.plot(rate, [row[f"{name}_p99_ms"] for row in mine], f"{marker}--", color=color, alpha=0.6,
-                        label=text("p99", policy=policy))
+            for ax, quantity in ((ttft_ax, "ttft"), (tpot_ax, "tpot")):
+                ax.plot(rate, [row[f"{quantity}_p50_ms"] for row in mine], f"{marker}-", color=color,
+                        label=text("p50", policy=name))
+                ax.plot(rate, [row[f"{quantity}_p99_ms"] for row in mine], f"{marker}--", color=color, alpha=0.6,
+                        label=text("p99", policy=name))
             good_ax.plot(rate, [row["throughput_rps"] for row in mine], f"{marker}-", color=color,
-                         label=text("throughput", policy=policy))
+                         label=text("throughput", policy=name))
             good_ax.plot(rate, [row["goodput_rps"] for row in mine], f"{marker}:", color=color,
-                         label=text("goodput", policy=policy))
+                         label=text("goodput", policy=name))
+            for ax in (ttft_ax, tpot_ax, good_ax):
+                ax.axvline(mine[0]["saturation_rps"], color=color, ls="--", lw=0.8,
+                           label=text("saturation", policy=name, rate=mine[0]["saturation_rps"]))
         top = max(row["rate_rps"] for row in rows)
         good_ax.plot([0, top], [0, top], color="grey", lw=0.8, label=text("offered"))
         ttft_ax.axhline(rows[0]["slo_ttft_ms"], color="grey", ls=":", label=text("slo", ms=rows[0]["slo_ttft_ms"]))
@@ -214,7 +222,6 @@ def serve_bench(rows: list[dict], path, language: str = "en") -> None:
         ttft_ax.set_yscale("log")
         for ax, ylabel, title in ((ttft_ax, "ttft_ms", "ttft_title"), (tpot_ax, "tpot_ms", "tpot_title"),
                                   (good_ax, "requests_per_s", "goodput_title")):
-            ax.axvline(saturation, color="black", ls="--", lw=0.8, label=text("saturation", rate=saturation))
             ax.set_xlabel(text("offered_rate"))
             ax.set_ylabel(text(ylabel))
             ax.set_title(text(title))

@@ -97,3 +97,15 @@ def agreement(intervals) -> dict:
     apart = [(i, j) for i in range(len(intervals)) for j in range(i + 1, len(intervals))
              if order(intervals[i], intervals[j]) != "overlap"]
     return {"verdict": "disagree" if apart else "agree", "apart": apart}
+
+
+def on_clock(wall: dict, cpu: dict) -> dict:
+    """A timed ratio judged on the clock that tells the truth: `wall` and `cpu` are the same comparison
+    on the wall clock (what a person waited) and on the timing thread's CPU clock (what the work cost),
+    each a dict with ratio, low, high and `contended` (either side's runs waited for the CPU). The wall
+    clock's when neither side waited; the CPU clock's when one did, since the wall then counts another
+    program's time as this one's. Returns the chosen ratio, its interval, its verdict against 1
+    (`against`) and `clock` ("wall" or "cpu")."""
+    chosen, clock = (cpu, "cpu") if wall["contended"] else (wall, "wall")
+    return {"ratio": chosen["ratio"], "low": chosen["low"], "high": chosen["high"],
+            "verdict": against((chosen["low"], chosen["high"]), 1.0), "clock": clock}

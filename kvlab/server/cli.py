@@ -6,7 +6,8 @@
 
 The checkpoint is inspected as the workflow inspects one (kvlab.checkpoints.inspect_checkpoint: layout,
 config, head count, the tokenizer's fit; or the workflow's own inspection, --inspection) and loaded as
-that inspection says. The engine's knobs are ServingConfig's, with its defaults. SIGTERM (or Ctrl+C)
+that inspection says. The engine's knobs are ServingConfig's, with its defaults; its step is compiled
+before the server listens. SIGTERM (or Ctrl+C)
 stops taking requests, lets the running ones finish for --drain-seconds, aborts what is left, and exits 0.
 """
 
@@ -67,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--chunked-prefill", action="store_true", default=DEFAULTS["chunked_prefill"])
     engine.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                         default=DEFAULTS["prefix_caching"])
+    engine.add_argument("--enforce-eager", dest="compile", action="store_false", default=DEFAULTS["compile"],
+                        help="every step eager, request by request (default: one compiled step for all the rows)")
     return top
 
 
@@ -99,7 +102,12 @@ def load(args):
     if mismatch:
         raise ValueError(f"--tokenizer {tokenizer_dir} does not belong to --checkpoint {checkpoint}: {mismatch}")
     config = ServingConfig(**{knob: getattr(args, knob) for knob in DEFAULTS})
-    return ServingEngine(model, config), tokenizer
+    engine = ServingEngine(model, config)
+    seconds = engine.warm_up()  # compiled before the first request, not at its first token
+    if engine.compiled:
+        log.info("the engine's step compiled in %.1f s (%d graph%s)", seconds, engine.runner.compiled.compiles,
+                 "" if engine.runner.compiled.compiles == 1 else "s")
+    return engine, tokenizer
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -29,8 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from kvlab.serving import SamplingParams, ServingEngine
-from kvlab.serving.request import State
+from kvlab.serving import RequestUpdate, SamplingParams, ServingEngine
 
 from kvlab.server.metrics import ServerMetrics
 
@@ -77,7 +76,6 @@ class RequestStream:
         self.event_loop = event_loop
         self.request_id: int | None = None
         self.received = time.perf_counter()
-        self.sent = [0] * params.n  # tokens pushed per row
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.draws = 0
@@ -158,11 +156,6 @@ class EngineLoop:
             self._drain_deadline = time.perf_counter() + seconds
             self._cond.notify()
 
-    def idle(self) -> bool:
-        """Nothing queued, waiting or running."""
-        with self._cond:
-            return not self._inbox and not self._live
-
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:
             self._stopping = True
@@ -219,7 +212,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
-            self.engine.step()
+            done = self.engine.step()
         except Exception as err:  # a bug: fail what runs, keep serving
             log.exception("the engine's step failed")
             self.failed = f"{type(err).__name__}: {err}"
@@ -227,6 +220,8 @@ class EngineLoop:
                 self.engine.abort(stream.request_id)
                 self._close(stream, None, Failed(500, f"the engine failed: {self.failed}"))
             return
+        if done.record is None:
+            return  # a wait for an arrival: nothing ran
         self.steps += 1
         self._recent_steps.extend(self.engine.stats.steps)
         self.engine.stats.steps.clear()  # a server steps for ever: the record is read, then dropped
@@ -234,23 +229,16 @@ class EngineLoop:
         self.metrics.preemptions.inc(preemptions - self._preemptions_seen)
         self._preemptions_seen = preemptions
         now = time.perf_counter()
-        for stream in list(self._live.values()):
-            self._publish(stream, now)
+        for update in done.updates:
+            stream = self._live.get(update.request_id)
+            if stream is not None:
+                self._publish(stream, update, now)
 
-    def _publish(self, stream: RequestStream, now: float) -> None:
-        """Push what the request's rows drew this step; close it if it finished."""
-        request = self.engine.requests[stream.request_id]
-        if not stream.admitted and request.state in (State.RUNNING, State.FINISHED):
-            stream.admitted = True
-            with self._cond:
-                self._unadmitted -= 1
-        eos = request.params.eos_token_id
-        rows = []
-        for index, row in enumerate(request.rows):
-            tokens = row.output(eos)
-            rows.append(tuple(tokens[stream.sent[index]:]))
-            stream.sent[index] = len(tokens)
-        if any(rows):
+    def _publish(self, stream: RequestStream, update: RequestUpdate, now: float) -> None:
+        """Forward what the step did to the request: its admission, the tokens its rows drew, its end."""
+        if update.admitted:
+            self._close_unadmitted(stream)
+        if update.tokens is not None and any(update.tokens):
             if stream.first_token_at is None:
                 stream.first_token_at = now
                 self.metrics.ttft.observe(now - stream.received)
@@ -258,10 +246,10 @@ class EngineLoop:
                 self.metrics.itl.observe(now - stream.last_token_at)
             stream.last_token_at = now
             stream.draws += 1
-            self.metrics.generation_tokens.inc(sum(len(row) for row in rows))
-            stream.push(Tokens(tuple(rows)))
-        if request.state is State.FINISHED:
-            self._close(stream, request.output())
+            self.metrics.generation_tokens.inc(sum(len(row) for row in update.tokens))
+            stream.push(Tokens(update.tokens))
+        if update.output is not None:
+            self._close(stream, update.output)
 
     def _abort(self, stream: RequestStream) -> None:
         if stream.request_id not in self._live:
@@ -300,7 +288,7 @@ class EngineLoop:
         scheduler = engine.scheduler
         with self._cond:
             queued = len(self._inbox)
-        running, waiting = len(scheduler.running), len(scheduler.waiting) + len(engine.pending) + queued
+        running, waiting = len(scheduler.running), len(scheduler.waiting) + len(scheduler.pending) + queued
         self.metrics.running.set(running)
         self.metrics.waiting.set(waiting)
         self.metrics.blocks_used.set(pool.num_used)

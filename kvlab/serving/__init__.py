@@ -24,8 +24,10 @@ logits then differ in their last bits (some 1e-6), and a token changes only wher
 to a tie: the tests and the demo count such mismatches rather than assume there are none.
 """
 
+from kvlab.serving.alone import generate_alone
 from kvlab.serving.config import ServingConfig
-from kvlab.serving.engine import ServeResult, ServingEngine
-from kvlab.serving.request import Event, RequestOutput, SamplingParams, generate_alone
+from kvlab.serving.engine import RequestUpdate, ServeResult, ServingEngine, StepOutput
+from kvlab.serving.request import Event, RequestOutput, SamplingParams
 
-__all__ = ["Event", "RequestOutput", "SamplingParams", "ServeResult", "ServingConfig", "ServingEngine", "generate_alone"]
+__all__ = ["Event", "RequestOutput", "RequestUpdate", "SamplingParams", "ServeResult", "ServingConfig", "ServingEngine",
+           "StepOutput", "generate_alone"]

@@ -1,7 +1,8 @@
 """The paged KV cache: one pool of fixed-size blocks, allocated once, shared by every request.
 
-Per layer, one K and one V tensor of shape (num_blocks, block_size, KV heads, head_dim), before
-repeat_kv as MiniMind's cache keeps them. A request holds blocks, not a tensor of its own: its block
+Per layer, one K and one V tensor of shape (num_blocks + 1, block_size, KV heads, head_dim), before
+repeat_kv as MiniMind's cache keeps them; the last block is never lent: padded rows of the compiled
+decode step write there (kvlab.serving.decode_step). A request holds blocks, not a tensor of its own: its block
 table says which block holds which `block_size` positions (kvlab.serving.paged_attention reads and
 writes through it).
 
@@ -57,9 +58,11 @@ class BlockPool:
 
     def __init__(self, config: MiniMindConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
-        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        # one block more than the pool lends: the scratch block, where padded rows of a compiled step write
+        shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.scratch_block = num_blocks
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.blocks = [Block(index) for index in range(num_blocks)]
@@ -76,7 +79,8 @@ class BlockPool:
         return self.num_blocks - len(self.free)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        """Bytes of the blocks the pool lends (its scratch block aside)."""
+        return sum(t[:self.num_blocks].numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def allocate(self) -> int:
         """Take the free block freed longest ago (forgetting what it cached); its reference count is 1."""

@@ -28,17 +28,22 @@ class ServingConfig:
     matmuls                 "per_request": each request's rows go through the weights in a call of
                             their own, shaped as `generate` alone shapes them, so the CPU's matrix
                             kernels give the same bits; "fused": one call for all the step's rows, as
-                            servers batch them (faster where a call costs more than its rows)
+                            servers batch them (faster where a call costs more than its rows); for the
+                            steps' eager part: the prompts, and every row without `compile`
+    compile                 every row that feeds one token (decoding) goes through one compiled step,
+                            all requests together (kvlab.serving.decode_step); False: every piece eager
+                            (as vLLM's enforce_eager)
     """
 
     num_blocks: int = 256
     block_size: int = 16
-    max_num_seqs: int = 8
+    max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     chunked_prefill: bool = False
     prefix_caching: bool = True
     policy: str = "continuous"
     matmuls: str = "per_request"
+    compile: bool = True
 
     def __post_init__(self):
         for knob in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -50,14 +55,41 @@ class ServingConfig:
         if self.matmuls not in MATMULS:
             raise ValueError(f"ServingConfig.matmuls must be one of {', '.join(MATMULS)}, got {self.matmuls!r}")
 
-    @property
-    def pool_tokens(self) -> int:
-        """Tokens the whole pool holds."""
-        return self.num_blocks * self.block_size
+    def blocks_for(self, prompt_len: int, max_tokens: int, n: int = 1) -> int:
+        """The most blocks one request holds: every position but the last new token's, in whole blocks,
+        each of n samples in its own but the prompt's full blocks, which they share."""
+        most = prompt_len + max_tokens - 1
+        shared = prompt_len // self.block_size if n > 1 else 0
+        return shared + n * (-(-most // self.block_size) - shared)
+
+    def check_request(self, prompt_len: int, max_tokens: int, n: int) -> None:
+        """Refuse, naming the knob, a request these knobs could never serve."""
+        needed = self.blocks_for(prompt_len, max_tokens, n)
+        if needed > self.num_blocks:
+            raise ValueError(
+                f"ServingConfig.num_blocks ({self.num_blocks}) is too small: this request needs up to {needed} "
+                f"blocks of {self.block_size} tokens ({prompt_len}-token prompt + max_tokens {max_tokens}, n={n})")
+        if n > self.max_num_seqs:
+            raise ValueError(f"ServingConfig.max_num_seqs ({self.max_num_seqs}) is smaller than this request's "
+                             f"n ({n}): its rows run together")
+        if n > self.max_num_batched_tokens:
+            raise ValueError(f"ServingConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) fits nothing: "
+                             f"decoding this request feeds n = {n} tokens a step")
+        if not self.chunked_prefill and prompt_len > self.max_num_batched_tokens:
+            raise ValueError(f"ServingConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) fits nothing: "
+                             f"a {prompt_len}-token prompt is fed in one step without chunked_prefill")
 
     def check_model(self, max_position_embeddings: int) -> None:
         """A block table of whole blocks must end exactly at the model's last position."""
-        if max_position_embeddings % self.block_size:
-            raise ValueError(
-                f"ServingConfig.block_size ({self.block_size}) must divide the model's max_position_embeddings "
-                f"({max_position_embeddings}), so whole blocks cover every position")
+        problem = block_size_problem(self.block_size, max_position_embeddings)
+        if problem:
+            raise ValueError(f"ServingConfig.block_size: {problem}")
+
+
+def block_size_problem(block_size: int, max_position_embeddings: int) -> str | None:
+    """Why a block size cannot serve a model (None when it can): whole blocks must cover exactly every
+    position, so the size must divide the model's max_position_embeddings."""
+    if max_position_embeddings % block_size:
+        return (f"{block_size} does not divide the model's max_position_embeddings ({max_position_embeddings}), so "
+                f"whole blocks cannot cover every position")
+    return None

@@ -1,30 +1,35 @@
 """The serving engine: requests arrive, are scheduled step by step, fed through the paged cache and
 answered, each as `generate` would answer it alone.
 
-    engine = ServingEngine(model, ServingConfig(num_blocks=64))
+    engine = ServingEngine(model, ServingConfig(num_blocks=1024, max_num_seqs=64))
     engine.add_request(prompt_ids, SamplingParams(max_tokens=32, seed=0), arrival_step=3)
     result = engine.run()    # result.outputs[i].samples, result.stats.summary()
 
-One `step`: let in the requests that have arrived, ask the scheduler for the step's pieces (it may
-admit and preempt), feed them in one forward pass (kvlab.serving.runner), then for each piece: its
-positions are cached, full prompt blocks enter the prefix cache, a prompt of n > 1 rows forks, and a
-piece that reached its last known token draws the next one per row (kvlab.engine.sampling, with the
-request's own generator). A request whose rows all drew eos, or that has max_tokens, gives its blocks
-back at once; so does one aborted (`abort`: a server's client that left). A server, which never calls
-`run`, `forget`s each finished request so its record does not pile up.
+One `step`: the requests that have arrived join the waiting queue, the scheduler picks the step's
+pieces (it may admit and preempt), the runner feeds them in one forward pass (kvlab.serving.runner:
+the decode rows in one compiled step), then each piece's positions are cached, full prompt blocks
+enter the prefix cache, a prompt of n > 1 rows forks, and a piece that reached its last known token
+draws the next one per row (kvlab.engine.sampling; greedy requests of the same knobs in one call, a
+sampled one with its own generator). A request whose rows all drew eos, or that has max_tokens, gives
+its blocks back at once; so does one aborted (`abort`: a server's client that left).
+
+`step` returns what it did (`StepOutput`): per request touched, whether it was admitted, the tokens
+each row's answer gained, and its output once finished, beside the step's record (its counts and
+seconds). A server forwards exactly that, and `forget`s each finished request so its record does not
+pile up. `warm_up` compiles the decode step before the first request, as a server does at start.
 """
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kvlab.engine import sampling
 from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.block_pool import BlockPool, prefix_hashes
 from kvlab.serving.config import ServingConfig
 from kvlab.serving.request import Request, RequestOutput, SamplingParams, State
@@ -39,24 +44,52 @@ class ServeResult:
     stats: EngineStats
 
 
+@dataclass
+class RequestUpdate:
+    """What one step did to one request: admitted it, added `tokens` to each row's answer (per row;
+    () for a row that had ended), preempted it, or finished it (`output`)."""
+
+    request_id: int
+    admitted: bool = False
+    tokens: tuple[tuple[int, ...], ...] | None = None
+    preempted: bool = False
+    output: RequestOutput | None = None
+
+
+@dataclass
+class StepOutput:
+    """What one `step` did: an update per request touched, in the order they were touched, and the
+    step's record (None when the step only waited for an arrival)."""
+
+    updates: list[RequestUpdate] = field(default_factory=list)
+    record: StepRecord | None = None
+
+    @property
+    def finished(self) -> list[RequestOutput]:
+        return [update.output for update in self.updates if update.output is not None]
+
+
 class ServingEngine:
     """`on_draw(request_id, logits)`, if given, sees the logits (rows, V) of every draw before it (a lab
-    can hold them against `generate`'s bit for bit)."""
+    can hold them against `generate`'s); `on_schedule(engine, plan)` sees every step's plan before its
+    forward pass (what a lab records of the cache then), its time left out of the step's."""
 
     def __init__(self, model: MiniMindForCausalLM, config: ServingConfig | None = None,
-                 on_draw: Callable[[int, torch.Tensor], None] | None = None):
+                 on_draw: Callable[[int, torch.Tensor], None] | None = None,
+                 on_schedule: Callable[["ServingEngine", Schedule], None] | None = None):
         self.config = config or ServingConfig()
         self.on_draw = on_draw
+        self.on_schedule = on_schedule
         self.config.check_model(model.config.max_position_embeddings)
         self.model = model
         weight = model.lm_head.weight
-        self.pool = BlockPool(model.config, self.config.num_blocks, self.config.block_size, weight.dtype,
-                              weight.device)
-        self.scheduler = Scheduler(self.config, self.pool)
-        self.runner = ModelRunner(model, self.pool, self.config.matmuls)
+        self.device = weight.device
+        self.pool = BlockPool(model.config, self.config.num_blocks, self.config.block_size, weight.dtype, weight.device)
+        self.blocks = BlockManager(self.pool, self.config.prefix_caching)
+        self.scheduler = Scheduler(self.config, self.blocks)
+        self.runner = ModelRunner(model, self.pool, self.config.matmuls, self.config.compile)
         self.stats = EngineStats(self.config.max_num_seqs, self.config.num_blocks)
         self.requests: list[Request | None] = []  # by id; None once forgotten
-        self.pending: list[Request] = []  # not arrived yet, by arrival
         self.clock = 0  # the step index: one per forward step, and one per tick spent waiting for an arrival
         self.started: float | None = None  # perf_counter of the first step; arrival_s counts from it
 
@@ -68,10 +101,10 @@ class ServingEngine:
         step (then the step is not looked at). Returns its id (its index in the outputs)."""
         params = params or SamplingParams()
         self.check_request(list(prompt), params)
-        request = Request(len(self.requests), prompt, params, arrival_step, arrival_s, self.model.lm_head.weight.device)
+        request = Request(len(self.requests), prompt, params, arrival_step, arrival_s, self.device)
         request.block_hashes = prefix_hashes(request.prompt, self.config.block_size)
         self.requests.append(request)
-        bisect.insort(self.pending, request, key=lambda r: (r.arrival_s or 0.0, r.arrival_step, r.request_id))
+        self.scheduler.add(request)
         return request.request_id
 
     def check_request(self, prompt: list[int], params: SamplingParams) -> None:
@@ -82,42 +115,19 @@ class ServingEngine:
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt: token ids must lie in 0 .. {vocab - 1} (the model's vocab_size)")
         self.model.check_room(len(prompt), params.max_tokens)
-        size, most = config.block_size, len(prompt) + params.max_tokens - 1
-        shared = len(prompt) // size if params.n > 1 else 0
-        needed = shared + params.n * (-(-most // size) - shared)
-        if needed > config.num_blocks:
-            raise ValueError(
-                f"ServingConfig.num_blocks ({config.num_blocks}) is too small: this request needs up to {needed} "
-                f"blocks of {size} tokens ({len(prompt)}-token prompt + max_tokens {params.max_tokens}, n={params.n})")
-        if params.n > config.max_num_seqs:
-            raise ValueError(f"ServingConfig.max_num_seqs ({config.max_num_seqs}) is smaller than this request's "
-                             f"n ({params.n}): its rows run together")
-        if params.n > config.max_num_batched_tokens:
-            raise ValueError(f"ServingConfig.max_num_batched_tokens ({config.max_num_batched_tokens}) fits nothing: "
-                             f"decoding this request feeds n = {params.n} tokens a step")
-        if not config.chunked_prefill and len(prompt) > config.max_num_batched_tokens:
-            raise ValueError(f"ServingConfig.max_num_batched_tokens ({config.max_num_batched_tokens}) fits nothing: "
-                             f"a {len(prompt)}-token prompt is fed in one step without chunked_prefill")
+        config.check_request(len(prompt), params.max_tokens, params.n)
 
     def has_unfinished(self) -> bool:
-        """Whether a request is still pending, waiting or running (each sits in exactly one of those)."""
-        return bool(self.pending or self.scheduler.waiting or self.scheduler.running)
+        """Whether a request is still pending, waiting or running."""
+        return self.scheduler.has_unfinished()
 
     def abort(self, request_id: int) -> RequestOutput | None:
         """Stop a request wherever it stands (a client that left): a running one gives its blocks back at
         once. Returns its output (the tokens drawn so far, each unfinished row's reason "abort"), or None
         if it had finished already."""
         request = self.requests[request_id]
-        if request is None or request.state is State.FINISHED:
+        if request is None or not self.scheduler.abort(request):
             return None
-        if request.state is State.PENDING:
-            self.pending.remove(request)
-        elif request.state is State.WAITING:
-            self.scheduler.waiting.remove(request)
-        else:
-            self.scheduler.free(request)
-            self.scheduler.running.remove(request)
-        request.state = State.FINISHED
         request.aborted = True
         request.record("abort", self.clock)
         return request.output()
@@ -129,6 +139,22 @@ class ServingEngine:
             raise ValueError(f"request {request_id} is not finished: abort it first")
         self.requests[request_id] = None
 
+    @property
+    def compiled(self) -> bool:
+        """Whether its steps run compiled (`compile` asked for, and a C++ compiler found)."""
+        return self.runner.compiled is not None and self.runner.compiled.compiled
+
+    def warm_up(self) -> float:
+        """Compile the step now (a throwaway step on the scratch block), not at the first request's first
+        token, as a server does before it serves. Returns the seconds compiling took (0 when it was
+        compiled already, or the engine runs eagerly)."""
+        step = self.runner.compiled
+        if step is None:
+            return 0.0
+        scratch = self.pool.scratch_block
+        step([([0, 0], 0, [scratch], True)])
+        return step.compile_s
+
     # --- the loop --------------------------------------------------------------------------------
 
     def run(self) -> ServeResult:
@@ -139,54 +165,69 @@ class ServingEngine:
         self.stats.wall_s += time.perf_counter() - begun
         return ServeResult([request.output() for request in self.requests if request is not None], self.stats)
 
-    def step(self) -> list[RequestOutput]:
-        """One tick of the clock: a forward step, or a wait for the next arrival. Returns the requests it finished."""
+    def step(self) -> StepOutput:
+        """One tick of the clock: a forward step, or a wait for the next arrival."""
+        began, began_cpu = time.perf_counter(), time.thread_time()
         if self.started is None:
-            self.started = time.perf_counter()
+            self.started = began
         self.let_in_arrivals()
         plan = self.scheduler.schedule()
         if not plan.pieces:
             self.wait_for_arrival()
-            return []
-        self.note_schedule(plan)
+            return StepOutput()
+        scheduled = time.perf_counter()
+        hook_s = self.call_hook(plan)
+        updates: dict[int, RequestUpdate] = {}
+        self.note_schedule(plan, updates)
         blocks_in_use = self.pool.num_used
         useful_slots = sum(piece.request.unfinished_rows for piece in plan.pieces if piece.draws)
+        forward_began = time.perf_counter()
         logits = self.runner.forward([self.chunk(piece) for piece in plan.pieces])
+        forward_s = time.perf_counter() - forward_began
         fed = {"prefill": 0, "decode": 0}
-        finished = []
-        for piece, piece_logits in zip(plan.pieces, logits):
+        drawing, offset = [], 0
+        for piece in plan.pieces:
             self.count_fed(piece, fed)
-            if self.advance(piece, piece_logits):
-                finished.append(piece.request.output())
-        self.stats.steps.append(StepRecord(self.clock, time.perf_counter(), fed["prefill"], fed["decode"], useful_slots,
-                                           blocks_in_use, len(self.scheduler.running), len(self.scheduler.waiting)))
+            self.cached(piece)
+            if piece.draws:
+                drawing.append((piece.request, list(range(offset, offset + len(piece.rows)))))
+                offset += len(piece.rows)
+        self.draw(logits, drawing, updates)
+        for request, _ in drawing:
+            if all(row.finished for row in request.rows) or request.num_new == request.params.max_tokens:
+                self.scheduler.finish(request)
+                request.record("finish", self.clock)
+                updates[request.request_id].output = request.output()
+        ended = time.perf_counter()
+        record = StepRecord(self.clock, ended, fed["prefill"], fed["decode"], useful_slots, blocks_in_use,
+                            len(self.scheduler.running), len(self.scheduler.waiting), schedule_s=scheduled - began,
+                            forward_s=forward_s, step_s=ended - began - hook_s,
+                            cpu_s=time.thread_time() - began_cpu - hook_s)
+        self.stats.steps.append(record)
         self.clock += 1
-        return finished
+        return StepOutput(list(updates.values()), record)
+
+    def call_hook(self, plan: Schedule) -> float:
+        """Run `on_schedule` on the plan; its seconds (taken off the step's)."""
+        if self.on_schedule is None:
+            return 0.0
+        began = time.perf_counter()
+        self.on_schedule(self, plan)
+        return time.perf_counter() - began
 
     def let_in_arrivals(self) -> None:
-        """Move every request that has arrived from pending to the back of the waiting queue."""
+        """The requests that have arrived join the waiting queue, each with its arrival event."""
         now = time.perf_counter()
-        elapsed = now - self.started
-        still = []
-        for request in self.pending:
-            if request.arrival_s is not None:
-                arrived = request.arrival_s <= elapsed
-            else:
-                arrived = request.arrival_step <= self.clock
-            if not arrived:
-                still.append(request)
-                continue
-            request.state = State.WAITING
+        for request in self.scheduler.arrive(self.clock, now - self.started):
             at = self.started + request.arrival_s if request.arrival_s is not None else now
             request.record("arrival", self.clock, at=at)
-            self.scheduler.waiting.append(request)
-        self.pending = still
 
     def wait_for_arrival(self) -> None:
         """Nothing can run: move the clock to the next arrival (sleeping until it, for one in seconds)."""
-        if self.scheduler.running or self.scheduler.waiting or not self.pending:
+        scheduler = self.scheduler
+        if scheduler.running or scheduler.waiting or not scheduler.pending:
             raise RuntimeError("the scheduler found nothing to run although requests wait (a bug)")
-        upcoming = self.pending[0]
+        upcoming = scheduler.pending[0]
         if upcoming.arrival_s is not None:
             time.sleep(max(0.0, self.started + upcoming.arrival_s - time.perf_counter()))
             ticks = 1
@@ -195,9 +236,13 @@ class ServingEngine:
         self.stats.idle_steps += ticks
         self.clock += ticks
 
-    def note_schedule(self, plan: Schedule) -> None:
-        """Events and counters of the step's admissions and preemptions."""
+    def note_schedule(self, plan: Schedule, updates: dict[int, RequestUpdate]) -> None:
+        """Events, counters and updates of the step's admissions and preemptions."""
         size = self.config.block_size
+        for request in plan.preempted:
+            request.record("preemption", self.clock)
+            self.stats.preemptions += 1
+            self.update(updates, request).preempted = True
         for admission in plan.admitted:
             request = admission.request
             request.record("admission", self.clock)
@@ -205,16 +250,19 @@ class ServingEngine:
             self.stats.prefix_hit_blocks += admission.hit_blocks
             self.stats.prefix_hit_tokens += admission.hit_blocks * size
             self.stats.blocks_saved_by_sharing += admission.shared_hits
-        for request in plan.preempted:
-            request.record("preemption", self.clock)
-            self.stats.preemptions += 1
+            self.update(updates, request).admitted = True
+
+    @staticmethod
+    def update(updates: dict[int, RequestUpdate], request: Request) -> RequestUpdate:
+        if request.request_id not in updates:
+            updates[request.request_id] = RequestUpdate(request.request_id)
+        return updates[request.request_id]
 
     # --- one piece -------------------------------------------------------------------------------
 
     def chunk(self, piece: Piece) -> Chunk:
         request = piece.request
-        ids = torch.tensor([request.token_ids(row, piece.start, piece.end) for row in piece.rows],
-                           device=self.model.lm_head.weight.device)
+        ids = [request.token_ids(row, piece.start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
         return Chunk(ids, piece.start, tables, wants_logits=piece.draws)
 
@@ -229,62 +277,49 @@ class ServingEngine:
         request.recomputed_tokens += again * rows
         self.stats.recomputed_tokens += again * rows
 
-    def advance(self, piece: Piece, logits: torch.Tensor | None) -> bool:
-        """After the forward: the piece's positions are cached; returns whether the request finished."""
+    def cached(self, piece: Piece) -> None:
+        """After the forward: the piece's positions are cached, its full prompt blocks enter the prefix
+        cache, and a shared prompt that ended forks into its rows."""
         request = piece.request
         request.num_computed = piece.end
-        if self.config.prefix_caching:
-            self.register_full_prompt_blocks(piece)
+        self.blocks.cache_full_blocks(piece)
         if not request.forked and request.num_computed == request.prompt_len:
-            self.fork(request)
-        if not piece.draws:
-            return False
-        self.draw(request, logits)
-        if all(row.finished for row in request.rows) or request.num_new == request.params.max_tokens:
-            self.scheduler.finish(request)
-            request.record("finish", self.clock)
-            return True
-        return False
+            self.stats.blocks_saved_by_sharing += self.blocks.fork(request)
 
-    def register_full_prompt_blocks(self, piece: Piece) -> None:
-        """Every prompt block this piece filled goes into the prefix cache under its chained hash."""
-        request, size = piece.request, self.config.block_size
-        table = request.rows[0].block_table
-        for index in range(piece.start // size, min(piece.end, request.prompt_len) // size):
-            request_tokens = request.prompt[index * size:(index + 1) * size]
-            self.pool.register(table[index], request.block_hashes[index], request_tokens)
+    def draw(self, logits: torch.Tensor, drawing: list[tuple[Request, list[int]]],
+             updates: dict[int, RequestUpdate]) -> None:
+        """Every drawing request's next token per row from its rows of `logits` (a request of n > 1 whose
+        shared prompt just ended has one row, which serves every sample), chosen as `generate` chooses
+        (its knobs in MiniMind's order): a sampled request's rows in one call with its own generator (or
+        the global one), as `generate` draws its rows; greedy requests with the same knobs and no
+        repetition penalty in one call for all their rows, which draws nothing at random and treats each
+        row apart."""
+        groups: dict[tuple, list[tuple[Request, list[int]]]] = {}
+        for request, rows in drawing:
+            if len(rows) != request.n:
+                rows = rows * request.n
+            if self.on_draw is not None:
+                self.on_draw(request.request_id, logits[rows])
+            params = request.params
+            if not params.do_sample and params.repetition_penalty == 1.0:
+                groups.setdefault(tuple(params.knobs().items()), []).append((request, rows))
+                continue
+            seen = torch.tensor([request.prompt + row.new_tokens for row in request.rows], device=logits.device)
+            tokens = sampling.next_token(logits[rows], seen, **params.knobs(), generator=request.generator)
+            self.take(request, tokens[:, 0].tolist(), updates)
+        for group in groups.values():
+            rows = [row for _, request_rows in group for row in request_rows]
+            chosen = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            tokens = sampling.next_token(chosen, None, **group[0][0].params.knobs())[:, 0].tolist()
+            offset = 0
+            for request, _ in group:
+                self.take(request, tokens[offset:offset + request.n], updates)
+                offset += request.n
 
-    def fork(self, request: Request) -> None:
-        """The prompt of n > 1 rows is cached in row 0's blocks: every other row holds its full blocks too,
-        and gets a copy of its last, partial one (allocated by the scheduler) to write its own tokens after."""
-        size = self.config.block_size
-        full = request.prompt_len // size
-        source = request.rows[0].block_table
-        for row in request.rows[1:]:
-            own = row.block_table  # the partial block's copy, if the prompt ends inside a block
-            for block_id in source[:full]:
-                self.pool.hold(block_id)
-            if own:
-                self.pool.copy(source[full], own[0])
-            row.block_table = source[:full] + own
-        self.stats.blocks_saved_by_sharing += (request.n - 1) * full
-        request.forked = True
-
-    def draw(self, request: Request, logits: torch.Tensor) -> None:
-        """Every row's next token, drawn together in one call as `generate` draws its rows; a row that
-        finished gets eos again."""
-        params = request.params
-        if logits.shape[0] != request.n:
-            logits = logits.repeat(request.n, 1)  # the shared prompt's last position serves every row
-        if self.on_draw is not None:
-            self.on_draw(request.request_id, logits)
-        seen = torch.tensor([request.prompt + row.new_tokens for row in request.rows], device=logits.device)
-        tokens = sampling.next_token(logits, seen, **params.knobs(), generator=request.generator)[:, 0].tolist()
-        drawn = []
-        for row, token in zip(request.rows, tokens):
-            if row.finished:
-                token = params.eos_token_id
-            row.new_tokens.append(token)
-            row.finished = row.finished or (params.eos_token_id is not None and token == params.eos_token_id)
-            drawn.append(token)
-        request.record("first_token" if request.num_new == 1 else "token", self.clock, tuple(drawn))
+    def take(self, request: Request, tokens: list[int], updates: dict[int, RequestUpdate]) -> None:
+        """Each row's drawn token appended (a row that ended gets eos again, as `generate` pads it)."""
+        eos = request.params.eos_token_id
+        gained = tuple(row.take(token, eos) for row, token in zip(request.rows, tokens))
+        request.record("first_token" if request.num_new == 1 else "token", self.clock,
+                       tuple(row.new_tokens[-1] for row in request.rows))
+        self.update(updates, request).tokens = gained

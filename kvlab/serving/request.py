@@ -70,21 +70,6 @@ class SamplingParams:
                     repetition_penalty=self.repetition_penalty, do_sample=self.do_sample)
 
 
-def generate_alone(model, prompt: list[int], params: SamplingParams) -> list[list[int]]:
-    """What MiniMind's `generate` gives `prompt` alone with the request's knobs (after
-    `torch.manual_seed(seed)` when it has one): each row's new tokens, up to and with its first eos, as
-    the engine returns them. The contract every served token is checked against."""
-    if params.seed is not None:
-        torch.manual_seed(params.seed)
-    out = model.generate(torch.tensor([prompt], device=model.lm_head.weight.device), max_new_tokens=params.max_tokens,
-                         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                         eos_token_id=params.eos_token_id, num_return_sequences=params.n, do_sample=params.do_sample,
-                         repetition_penalty=params.repetition_penalty)
-    eos = params.eos_token_id
-    return [row[: row.index(eos) + 1] if eos is not None and eos in row else row
-            for row in out[:, len(prompt):].tolist()]
-
-
 @dataclass
 class Row:
     """One sample of a request: the tokens it has drawn (after its eos, eos again, as `generate` pads a
@@ -99,6 +84,16 @@ class Row:
         if self.finished:
             return self.new_tokens[: self.new_tokens.index(eos_token_id) + 1]
         return list(self.new_tokens)
+
+    def take(self, token: int, eos_token_id: int | None) -> tuple[int, ...]:
+        """Append a drawn token (eos, if the row finished before: `generate`'s padding); returns what the
+        row's answer gained, () once it has ended."""
+        if self.finished:
+            self.new_tokens.append(eos_token_id)
+            return ()
+        self.new_tokens.append(token)
+        self.finished = eos_token_id is not None and token == eos_token_id
+        return (token,)
 
 
 class Request:
@@ -152,7 +147,10 @@ class Request:
 
     def token_ids(self, row: int, start: int, end: int) -> list[int]:
         """Row `row`'s tokens at positions start .. end - 1."""
-        return (self.prompt + self.rows[row].new_tokens)[start:end]
+        prompt_len, new_tokens = len(self.prompt), self.rows[row].new_tokens
+        if start >= prompt_len:  # decoding: only new tokens, without copying the prompt
+            return new_tokens[start - prompt_len:end - prompt_len]
+        return (self.prompt + new_tokens)[start:end]
 
     @property
     def unfinished_rows(self) -> int:

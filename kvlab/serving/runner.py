@@ -1,19 +1,22 @@
 """One forward step over a mixed batch: every scheduled request's fed positions (a prompt chunk, or
 one token per row to decode) through the model's own weights, reading and writing the paged cache.
 
-The runner calls the model's submodules (embed_tokens, each layer's input_layernorm, q_proj, k_proj,
-v_proj, q_norm, k_norm, o_proj, post_attention_layernorm, mlp; the final norm and lm_head) in the
-order MiniMind's forward does. Attention is per request (kvlab.serving.paged_attention). The rest is
-row by row, and how the rows are grouped into calls is `ServingConfig.matmuls`:
+Two ways through, `ServingConfig.compile`:
 
-  * "per_request": one call per request, shaped as `generate` alone would shape it, (R, T, C). A
-    matrix product does not compute a row alike for every row count: measured on the CPU (MKL,
-    AVX2), one row and two or three rows get other bits than four or more, and with two threads so
-    do the rows past a multiple of 4 below twelve. So a decode row batched with others gets other
-    bits than the same row fed alone. Per request, it gets the same ones; so do the logits, taken
-    from lm_head over all T positions as `generate` takes them.
-  * "fused": one call for every row of the step, (1, N, C), and lm_head over the last rows only, as
-    servers do. Fewer, larger calls; bits may differ from `generate` alone.
+  * compiled (the default): every position of every piece in one call of the compiled step
+    (kvlab.serving.compiled_step), compiled once, whatever the rows' number and contexts;
+  * eager: request by request, calling the model's submodules (embed_tokens, each layer's
+    input_layernorm, q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, post_attention_layernorm, mlp;
+    the final norm and lm_head) in the order MiniMind's forward does, attention per request
+    (kvlab.serving.paged_attention). How it groups rows into calls is `ServingConfig.matmuls`:
+
+    - "per_request": one call per request, shaped as `generate` alone would shape it, (R, T, C). A
+      matrix product does not compute a row alike for every row count: measured on the CPU (MKL,
+      AVX2), one row and two or three rows get other bits than four or more, and with two threads so
+      do the rows past a multiple of 4 below twelve. Per request, a request gets the bits `generate`
+      alone gives it; so do the logits, taken from lm_head over all T positions as `generate` takes them.
+    - "fused": one call for every row of the step, (1, N, C), and lm_head over the last rows only, as
+      servers do. Fewer, larger calls; bits may differ from `generate` alone.
 """
 
 from __future__ import annotations
@@ -24,59 +27,92 @@ import torch
 
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.serving.block_pool import BlockPool
+from kvlab.serving.compiled_step import CompiledStep
 from kvlab.serving.paged_attention import block_index, paged_attention, slot_ids
 
 
 @dataclass
 class Chunk:
-    """What one request feeds in a step: ids (R, T) at positions start .. start + T - 1 of each row,
-    whose blocks are `tables` (one per row); `wants_logits` when a draw follows."""
+    """What one request feeds in a step: `token_ids` (one list per row, each T long) at positions
+    start .. start + T - 1 of each row, whose blocks are `tables` (one per row); `wants_logits` when a
+    draw follows."""
 
-    ids: torch.Tensor
+    token_ids: list[list[int]]
     start: int
     tables: list[list[int]]
     wants_logits: bool
 
     @property
     def rows(self) -> int:
-        return self.ids.shape[0]
+        return len(self.token_ids)
 
     @property
     def fed(self) -> int:
-        return self.ids.shape[1]
+        return len(self.token_ids[0])
+
+    @property
+    def end(self) -> int:
+        return self.start + self.fed
+
+
+@dataclass
+class EagerChunk:
+    """A chunk as the eager way feeds it: its ids (R, T), its RoPE rows (T, D), the slots it writes
+    (R, T) and the blocks of every position it reads (R, blocks)."""
+
+    chunk: Chunk
+    ids: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+    blocks: torch.Tensor
 
 
 class ModelRunner:
-    def __init__(self, model: MiniMindForCausalLM, pool: BlockPool, matmuls: str = "per_request"):
+    def __init__(self, model: MiniMindForCausalLM, pool: BlockPool, matmuls: str = "per_request",
+                 compile: bool = True):
         self.model = model
         self.pool = pool
         self.fused = matmuls == "fused"
+        self.compiled = CompiledStep(model, pool) if compile else None
 
     @torch.inference_mode()
-    def forward(self, chunks: list[Chunk]) -> list[torch.Tensor | None]:
-        """Feed every chunk; returns, per chunk, its rows' last logits (R, V) if it wants them, else None."""
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """Feed every chunk; returns the last logits of every row of the chunks that want them, (R, V),
+        chunk after chunk."""
+        if self.compiled is None:
+            wanted = [logits for logits in self.eager(chunks) if logits is not None]
+            return torch.cat(wanted) if wanted else torch.empty(0, self.model.config.vocab_size)
+        return self.compiled([(ids, chunk.start, table, chunk.wants_logits)
+                              for chunk in chunks for ids, table in zip(chunk.token_ids, chunk.tables)])
+
+    # --- the eager way ---------------------------------------------------------------------------
+
+    def eager(self, chunks: list[Chunk]) -> list[torch.Tensor | None]:
         inner = self.model.model
-        places = [self.place(chunk) for chunk in chunks]
-        hidden = [inner.embed_tokens(chunk.ids) for chunk in chunks]  # (R, T, C) each
+        placed = [self.place(chunk) for chunk in chunks]
+        hidden = [inner.embed_tokens(place.ids) for place in placed]  # (R, T, C) each
         for index, layer in enumerate(inner.layers):
-            hidden = self.layer(index, layer, hidden, places)
+            hidden = self.layer(index, layer, hidden, placed)
         return self.logits(hidden, chunks)
 
-    def place(self, chunk: Chunk) -> dict:
-        """What every layer needs of a chunk: its RoPE rows, the slots it writes, the blocks it reads."""
-        inner, size, end = self.model.model, self.pool.block_size, chunk.start + chunk.fed
-        return {"cos": inner.freqs_cos[chunk.start:end], "sin": inner.freqs_sin[chunk.start:end], "start": chunk.start,
-                "slots": slot_ids(chunk.tables, chunk.start, end, size), "blocks": block_index(chunk.tables, end, size)}
+    def place(self, chunk: Chunk) -> EagerChunk:
+        """What every layer needs of a chunk: its ids, RoPE rows, the slots it writes, the blocks it reads."""
+        inner, size, end = self.model.model, self.pool.block_size, chunk.end
+        device = self.model.lm_head.weight.device
+        return EagerChunk(chunk, torch.tensor(chunk.token_ids, device=device), inner.freqs_cos[chunk.start:end],
+                          inner.freqs_sin[chunk.start:end], slot_ids(chunk.tables, chunk.start, end, size),
+                          block_index(chunk.tables, end, size))
 
-    def layer(self, index: int, layer, hidden: list[torch.Tensor], places: list[dict]) -> list[torch.Tensor]:
+    def layer(self, index: int, layer, hidden: list[torch.Tensor], placed: list[EagerChunk]) -> list[torch.Tensor]:
         """One Block of MiniMind over every chunk: attention through the pool, then the MLP, each added back."""
         attn = layer.self_attn
         normed = self.rowwise(layer.input_layernorm, hidden)
         queries, keys, values = (self.rowwise(proj, normed) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         pool_k, pool_v = self.pool.keys[index], self.pool.values[index]
-        mixed = [paged_attention(attn, q, k, v, place["cos"], place["sin"], pool_k, pool_v, place["start"],
-                                 place["slots"], place["blocks"])
-                 for q, k, v, place in zip(queries, keys, values, places)]
+        mixed = [paged_attention(attn, q, k, v, place.cos, place.sin, pool_k, pool_v, place.chunk.start, place.slots,
+                                 place.blocks)
+                 for q, k, v, place in zip(queries, keys, values, placed)]
         hidden = [out + h for out, h in zip(self.rowwise(attn.o_proj, mixed), hidden)]
         mlp_out = self.rowwise(layer.mlp, self.rowwise(layer.post_attention_layernorm, hidden))
         return [h + m for h, m in zip(hidden, mlp_out)]

@@ -1,8 +1,10 @@
 """The scheduler: which requests feed what in the next forward step, at the level of single steps.
 
-Two queues, as nano-vllm and vLLM keep them: `waiting` (arrived, or preempted, holding no blocks; a
-preempted request goes back to its front) and `running` (holding blocks, oldest admitted first).
-Each step has a budget of `max_num_batched_tokens` fed tokens:
+Three queues: `pending` (added, not arrived yet, by arrival), `waiting` (arrived, or preempted,
+holding no blocks; a preempted request goes back to its front) and `running` (holding blocks, oldest
+admitted first), as nano-vllm and vLLM keep the last two. Requests enter by `add` and leave by
+`finish` or `abort`; nothing else edits the queues. Each step has a budget of
+`max_num_batched_tokens` fed tokens:
 
   1. every running request, oldest first, gets its next piece: one token per row to decode, or the
      next chunk of a prefill. Its new positions need blocks; when none is free, the newest running
@@ -15,15 +17,17 @@ Each step has a budget of `max_num_batched_tokens` fed tokens:
 
 Under the "static" policy nothing is admitted while anything runs: a batch starts together and the
 next waits for its longest row. A piece never crosses the end of the prompt for a request of n > 1
-samples: the prompt is fed once (one row, its blocks shared), and at its end the rows fork.
+samples: the prompt is fed once (one row, its blocks shared), and at its end the rows fork. Blocks
+themselves are the block manager's (kvlab.serving.block_manager).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvlab.serving.block_pool import BlockPool
+from kvlab.serving.block_manager import Admission, BlockManager
 from kvlab.serving.config import ServingConfig
 from kvlab.serving.request import Request, State
 
@@ -54,15 +58,6 @@ class Piece:
 
 
 @dataclass
-class Admission:
-    """A request admitted this step, and how much of its prompt the prefix cache gave it."""
-
-    request: Request
-    hit_blocks: int
-    shared_hits: int  # of which some running request held already (memory saved, not only compute)
-
-
-@dataclass
 class Schedule:
     pieces: list[Piece] = field(default_factory=list)
     admitted: list[Admission] = field(default_factory=list)
@@ -70,15 +65,58 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, config: ServingConfig, pool: BlockPool):
+    def __init__(self, config: ServingConfig, blocks: BlockManager):
         self.config = config
-        self.pool = pool
+        self.blocks = blocks
+        self.pending: list[Request] = []  # by (arrival_s, arrival_step, id)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
     @property
     def rows_running(self) -> int:
         return sum(request.n for request in self.running)
+
+    def has_unfinished(self) -> bool:
+        """Whether a request is still pending, waiting or running (each sits in exactly one of those)."""
+        return bool(self.pending or self.waiting or self.running)
+
+    # --- requests in and out -----------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        bisect.insort(self.pending, request, key=lambda r: (r.arrival_s or 0.0, r.arrival_step, r.request_id))
+
+    def arrive(self, clock: int, elapsed_s: float) -> list[Request]:
+        """Move every pending request that has arrived (by step `clock` or `elapsed_s` seconds after the
+        first step) to the back of the waiting queue, in arrival order; returns them."""
+        arrived, still = [], []
+        for request in self.pending:
+            due = request.arrival_s <= elapsed_s if request.arrival_s is not None else request.arrival_step <= clock
+            (arrived if due else still).append(request)
+        self.pending = still
+        for request in arrived:
+            request.state = State.WAITING
+            self.waiting.append(request)
+        return arrived
+
+    def abort(self, request: Request) -> bool:
+        """Take a request out of whatever queue holds it (a running one gives its blocks back); False if
+        it had finished already."""
+        if request.state is State.FINISHED:
+            return False
+        if request.state is State.PENDING:
+            self.pending.remove(request)
+        elif request.state is State.WAITING:
+            self.waiting.remove(request)
+        else:
+            self.blocks.free(request)
+            self.running.remove(request)
+        request.state = State.FINISHED
+        return True
+
+    def finish(self, request: Request) -> None:
+        self.blocks.free(request)
+        request.state = State.FINISHED
+        self.running.remove(request)
 
     # --- the step --------------------------------------------------------------------------------
 
@@ -101,13 +139,14 @@ class Scheduler:
             if piece is None:  # not within what is left of the budget: next step
                 index += 1
                 continue
-            while not self.reserve(piece):
-                victim = self.running[-1]
+            while not self.blocks.can_append(piece):
+                victim = self.running[-1]  # the newest
                 self.preempt(victim)
                 plan.preempted.append(victim)
                 if victim is request:
                     break
             else:
+                self.blocks.append(piece)
                 plan.pieces.append(piece)
                 budget -= piece.tokens
                 index += 1
@@ -116,11 +155,18 @@ class Scheduler:
     def admit_waiting(self, plan: Schedule, budget: int) -> None:
         """Admit from the front of the queue while the head fits; the first that does not stops it."""
         while self.waiting and budget > 0:
-            admission, piece = self.try_admit(self.waiting[0], budget)
+            request = self.waiting[0]
+            if self.rows_running + request.n > self.config.max_num_seqs:
+                return
+            hits = self.blocks.cached_prefix(request)
+            piece = self.next_piece(request, len(hits) * self.blocks.block_size, budget)
+            admission = None if piece is None else self.blocks.allocate(piece, hits)
             if admission is None:
                 return
+            request.num_computed = piece.start
+            request.state = State.RUNNING
             self.waiting.popleft()
-            self.running.append(admission.request)
+            self.running.append(request)
             plan.admitted.append(admission)
             plan.pieces.append(piece)
             budget -= piece.tokens
@@ -141,76 +187,9 @@ class Scheduler:
             length = min(known - start, budget // request.n)
         return Piece(request, start, length, rows) if length > 0 else None
 
-    # --- blocks ----------------------------------------------------------------------------------
-
-    def fork_copies(self, piece: Piece) -> int:
-        """Blocks the rows of n > 1 need when this piece ends their shared prompt inside a block: a copy
-        of that partial block for every row but row 0, to write its own tokens after."""
-        request = piece.request
-        ends_prompt = not request.forked and piece.end == request.prompt_len
-        return request.n - 1 if ends_prompt and request.prompt_len % self.pool.block_size else 0
-
-    def blocks_needed(self, piece: Piece) -> int:
-        """New blocks a piece needs: those its positions reach past each row's table, and its fork copies."""
-        request, size = piece.request, self.pool.block_size
-        reach = -(-piece.end // size)
-        return sum(max(0, reach - len(request.rows[row].block_table)) for row in piece.rows) + self.fork_copies(piece)
-
-    def reserve(self, piece: Piece) -> bool:
-        """Allocate the blocks a piece needs, if that many are free (the fork copies go to the other
-        rows' tables, which the engine completes when the prompt is done)."""
-        if self.blocks_needed(piece) > self.pool.num_free:
-            return False
-        request, size = piece.request, self.pool.block_size
-        copies = self.fork_copies(piece)
-        for row in piece.rows:
-            table = request.rows[row].block_table
-            while len(table) * size < piece.end:
-                table.append(self.pool.allocate())
-        for row in request.rows[1:1 + copies]:
-            row.block_table.append(self.pool.allocate())
-        return True
-
-    def cached_prefix(self, request: Request) -> list[int]:
-        """The blocks of the longest run of the prompt's full blocks found in the prefix cache, never the
-        block of the prompt's last token (its logits must be computed: a prompt wholly cached still
-        computes that block's positions)."""
-        if not self.config.prefix_caching:
-            return []
-        size = self.pool.block_size
-        usable = (request.prompt_len - 1) // size
-        found = []
-        for index, block_hash in enumerate(request.block_hashes[:usable]):
-            block_id = self.pool.lookup(block_hash, request.prompt[index * size:(index + 1) * size])
-            if block_id is None:
-                break
-            found.append(block_id)
-        return found
-
-    def try_admit(self, request: Request, budget: int) -> tuple[Admission | None, Piece | None]:
-        """Admit the head of the queue if its rows, its first piece and that piece's blocks fit."""
-        if self.rows_running + request.n > self.config.max_num_seqs:
-            return None, None
-        hits = self.cached_prefix(request)
-        start = len(hits) * self.pool.block_size
-        piece = self.next_piece(request, start, budget)
-        if piece is None:
-            return None, None
-        idle_hits = sum(self.pool.blocks[block_id].ref_count == 0 for block_id in hits)
-        request.rows[0].block_table = list(hits)  # held below, once the rest is known to fit
-        if self.blocks_needed(piece) + idle_hits > self.pool.num_free:
-            request.rows[0].block_table = []
-            return None, None
-        for block_id in hits:
-            self.pool.hold(block_id)
-        request.num_computed = start
-        self.reserve(piece)
-        request.state = State.RUNNING
-        return Admission(request, len(hits), len(hits) - idle_hits), piece
-
     def preempt(self, request: Request) -> None:
         """Take every block back from a running request and queue it first to be computed again."""
-        self.free(request)
+        self.blocks.free(request)
         request.high_water = max(request.high_water, request.num_computed)
         request.num_computed = 0
         request.forked = request.n == 1
@@ -218,15 +197,3 @@ class Scheduler:
         request.state = State.WAITING
         self.running.remove(request)
         self.waiting.appendleft(request)
-
-    def free(self, request: Request) -> None:
-        """Release every block of every row's table (a shared block once per table that holds it)."""
-        for row in request.rows:
-            for block_id in row.block_table:
-                self.pool.release(block_id)
-            row.block_table = []
-
-    def finish(self, request: Request) -> None:
-        self.free(request)
-        request.state = State.FINISHED
-        self.running.remove(request)

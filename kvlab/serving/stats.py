@@ -19,7 +19,9 @@ class StepRecord:
     """One forward step: its index on the engine's clock, when it ended, the tokens it fed (prefill:
     prompt positions and positions computed again after a preemption; decode: one new position per
     row), its useful slots (rows that drew a token they keep), the blocks held once it was scheduled,
-    and the queues after it."""
+    the queues after it, and its seconds: the scheduler's, the forward pass's, the whole step's (the
+    draws and bookkeeping too; an `on_schedule` hook's time left out) and the CPU seconds of the thread
+    that ran it (under the wall seconds: the thread waited for the CPU)."""
 
     step: int
     time: float
@@ -29,6 +31,10 @@ class StepRecord:
     blocks_in_use: int
     running: int
     waiting: int
+    schedule_s: float = 0.0
+    forward_s: float = 0.0
+    step_s: float = 0.0
+    cpu_s: float = 0.0
 
 
 @dataclass

@@ -1,0 +1,196 @@
+"""A serving step in one compiled call: every position every scheduled request feeds (prompt chunks
+and decode rows alike), whatever its request, position or block table, through one compiled function
+over the block pool.
+
+A step's rows differ in everything a compiled graph would specialise on: how many there are, how long
+each row's context is, which blocks hold it. vLLM captures one CUDA graph per batch size and pads the
+rows up to it, because a graph replays fixed shapes. `torch.compile` on a CPU has no such limit: the
+step here is compiled once with its sizes symbolic (`torch._dynamo.mark_dynamic`: the rows, the
+(row, block) pairs of the attention, the rows that want logits, the pool's blocks), so one compiled
+step serves every step of every run on the same architecture, with no padding to a bucket and no
+recompilation after the first (docs/serving.md: measured against one graph per batch size). Sizes 0
+and 1 are special to dynamo (it would compile them apart): a step of one row gets a second that
+writes the pool's scratch block (kvlab.serving.block_pool), and one that wants one row's logits
+computes a second's.
+
+Inside (`step_logits`): the packed weights (kvlab.engine.fast.PackedWeights: q/k/v and gate/up each
+one product), each row's token at its own position (RoPE rows gathered per row), its K and V written
+into its slot of the pool, attention over the blocks its table holds
+(kvlab.serving.paged_attention.block_attention: the work is per (row, block) pair, so a row reads
+its own blocks and no padding), the MLP, and the LM head over the rows that draw. Matrix products
+with the weights are the BLAS library's, one product for all the step's rows. The next-token choice
+stays eager (kvlab.engine.sampling), as in the fast path.
+
+What it gives up: bits. `generate` alone computes its products over other row counts and its
+attention in another order, so the logits differ in their last bits (some 1e-6) and a token can
+differ only where two candidates are that close; the engine's tests and the trace rule count such
+requests against `generate` alone (kvlab.serving.alone) instead of assuming there are none (the eager
+way, `ServingConfig(compile=False)`, gives `generate`'s bits). Where no C++ compiler is found
+(inductor writes C++ on a CPU), the same function runs eagerly and says so once.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvlab.engine import fast
+from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.serving.block_pool import BlockPool
+from kvlab.serving.paged_attention import block_attention
+
+# The step's plan: every fusion, the weight products by the BLAS library (a batch of rows).
+PLAN = fast.StepPlan(fused_qkv=True, fused_gate_up=True, attention="grouped", compile_mode="default",
+                     cpp_wrapper=True, rowwise_matmul=False)
+MIN_SIZE = 2  # dynamo compiles sizes 0 and 1 apart: every symbolic size is padded to 2
+NO_COMPILER = ("ServingConfig.compile: no C++ compiler found (torch.compile needs one on a CPU; install g++ or "
+               "set CXX), so the serving engine's steps run the same step eagerly")
+
+
+@dataclass
+class StepRows:
+    """A step's rows as the compiled step reads them. Per row (N): `token_ids`, `positions`, `slots`
+    (block x block_size + offset, where its K and V go); per (row, block) pair (P): `pair_rows`,
+    `pair_blocks`, `pair_starts`; `logit_rows` (R): the rows whose logits are wanted."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    pair_rows: torch.Tensor
+    pair_blocks: torch.Tensor
+    pair_starts: torch.Tensor
+    logit_rows: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.token_ids, self.positions, self.slots, self.pair_rows, self.pair_blocks, self.pair_starts,
+                self.logit_rows)
+
+
+def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: int, scratch_block: int,
+              device) -> StepRows:
+    """The rows of a step's pieces, each (token ids, start, block table, wants its last logits): one row
+    per position a piece feeds, at start, start + 1, ...; every row reads the blocks of its table up to
+    its own position. A step of one row gets a second on the scratch block; a step that wants one row's
+    logits (or none) gets the last row's again (MIN_SIZE)."""
+    token_ids, positions, owners, tables, logit_rows = [], [], [], [], []
+    for ids, start, table, wants_logits in pieces:
+        owners += [len(tables)] * len(ids)
+        tables.append(table)
+        token_ids += ids
+        positions += range(start, start + len(ids))
+        if wants_logits:
+            logit_rows.append(len(token_ids) - 1)
+    if len(token_ids) < MIN_SIZE:
+        owners.append(len(tables))
+        tables.append([scratch_block])
+        token_ids.append(0)
+        positions.append(0)
+    logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
+    width = max(len(table) for table in tables)
+    table_ids = torch.tensor([table + [scratch_block] * (width - len(table)) for table in tables])
+    at = torch.tensor(positions)
+    owner = torch.tensor(owners)
+    reads = at // block_size + 1  # blocks each row reads
+    pair_rows = torch.repeat_interleave(torch.arange(len(token_ids)), reads)
+    first_pair = torch.cumsum(reads, 0) - reads
+    pair_index = torch.arange(len(pair_rows)) - first_pair[pair_rows]  # which of its row's blocks
+    rows = StepRows(torch.tensor(token_ids), at, table_ids[owner, at // block_size] * block_size + at % block_size,
+                    pair_rows, table_ids[owner[pair_rows], pair_index], pair_index * block_size,
+                    torch.tensor(logit_rows))
+    return StepRows(*(tensor.to(device) for tensor in rows.tensors()))
+
+
+def step_logits(rows: StepRows, weights: fast.ModelWeights, pool_keys: list[torch.Tensor],
+                pool_values: list[torch.Tensor], shape: fast.Shape) -> torch.Tensor:
+    """Every row's token at its position through the model: its K and V written into each layer's pool
+    (num_blocks, bs, KV, D) at its slot, attention over positions 0 .. its position through its
+    blocks. Returns the logits (R, V) of the `logit_rows`."""
+    block_size = pool_keys[0].shape[1]
+    cos, sin = weights.cos[rows.positions][:, None], weights.sin[rows.positions][:, None]  # (N, 1, D) each row's
+    blocks, offsets = rows.slots // block_size, rows.slots % block_size
+    hidden = F.embedding(rows.token_ids[:, None], weights.embed)  # (N, 1, C)
+    for index, layer in enumerate(weights.layers):
+        normed = fast.rms_norm(hidden, layer.input_norm, shape.eps)
+        q, k, v = fast.project_qkv(normed, layer, shape, cos, sin, PLAN)  # (N, 1, H or KV, D)
+        pool_keys[index].index_put_((blocks, offsets), k[:, 0])
+        pool_values[index].index_put_((blocks, offsets), v[:, 0])
+        attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
+                                   rows.pair_blocks, rows.pair_starts)
+        hidden = fast.linear(attended, layer.o, PLAN) + hidden
+        hidden = hidden + fast.mlp(fast.rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
+    last = fast.rms_norm(hidden[rows.logit_rows, 0], weights.final_norm, shape.eps)  # (R, C)
+    return fast.linear(last, weights.lm_head, PLAN)
+
+
+def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, packed,
+                       pool_keys, pool_values, shape: fast.Shape) -> torch.Tensor:
+    """`step_logits` on the packed weights (what is compiled: the weights one input, not forty)."""
+    rows = StepRows(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows)
+    return step_logits(rows, fast.unpack(packed, shape, PLAN), pool_keys, pool_values, shape)
+
+
+_COMPILED = None
+
+
+def compiled_function():
+    """`packed_step_logits` compiled, one wrapper for the process: its compiled code is kept per
+    architecture (the weights' shapes and the Shape's values), each compiled once."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(packed_step_logits, fullgraph=True, options={"cpp_wrapper": True})
+    return _COMPILED
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process (its own counter)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class CompiledStep:
+    """A serving step's pieces through `step_logits`, compiled (where a C++ compiler is found) or eager.
+    `compile_s` is the wall time of the calls that compiled, `compiles` how many graphs they made (1
+    for the first engine of an architecture in a process; 0 when another one compiled it, or later:
+    a count that grows after the warm-up is a recompilation)."""
+
+    def __init__(self, model: MiniMindForCausalLM, pool: BlockPool, compile: bool = True):
+        self.pool = pool
+        self.shape = fast.shape_of(model, model.config.max_position_embeddings)
+        self.weights = fast.PackedWeights(model, self.shape, PLAN)
+        self.device = model.lm_head.weight.device
+        self.compiled = compile and self._compiler_found()
+        self.compile_s = 0.0
+        self.compiles = 0
+        self.calls = 0
+        if self.compiled:
+            for tensor in (*pool.keys, *pool.values):
+                torch._dynamo.mark_dynamic(tensor, 0)  # another pool size reuses the compiled step
+
+    def _compiler_found(self) -> bool:
+        if self.device.type == "cpu" and fast.find_cpp_compiler() is None:
+            warnings.warn(NO_COMPILER, RuntimeWarning, stacklevel=4)
+            return False
+        return True
+
+    @torch.inference_mode()
+    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
+        """The last logits of each piece that wants them, (R, V) in the pieces' order (see `step_rows`),
+        every piece's K and V written into its blocks."""
+        wanted = sum(wants for *_, wants in pieces)
+        rows = step_rows(pieces, self.pool.block_size, self.pool.scratch_block, self.device)
+        self.weights.refresh()
+        self.calls += 1
+        if not self.compiled:
+            return step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape)[:wanted]
+        if self.calls == 1:  # marked once: the compiled step's sizes are symbolic from then on (and marking costs)
+            for tensor in rows.tensors():
+                torch._dynamo.mark_dynamic(tensor, 0)
+        graphs, began = compiled_graphs(), time.perf_counter()
+        logits = compiled_function()(*rows.tensors(), self.weights.packed, self.pool.keys, self.pool.values, self.shape)
+        if compiled_graphs() > graphs:
+            self.compiles += compiled_graphs() - graphs
+            self.compile_s += time.perf_counter() - began
+        return logits[:wanted]
