@@ -8,7 +8,7 @@ from kvlab.serving import SamplingParams, ServingConfig
 
 from serving_helpers import GREEDY, assert_pool_empty, mismatches, one_thread, serve, tiny_model  # noqa: F401
 
-MODEL = tiny_model(1, hidden_size=32, num_hidden_layers=2)
+MODEL = tiny_model(1)  # the serving tests' one architecture: its step compiled once a session
 SHARED = list(range(10, 42))  # a 32-token prefix some prompts start with (two blocks of 16)
 
 

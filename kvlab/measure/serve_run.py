@@ -150,15 +150,16 @@ class Alone:
     involuntary_switches: int
 
 
-def one_at_a_time(model: MiniMindForCausalLM, trace: list[TraceRequest]) -> Alone:
+def one_at_a_time(model: MiniMindForCausalLM, trace: list[TraceRequest], compile: bool = True) -> Alone:
     """Each request by `generate(kv_cache="static", compile=True)` alone (after `torch.manual_seed` when
-    it has a seed), one after another. Its compiled steps are compiled by an untimed pass first
-    (`one_at_a_time` twice: the first warms)."""
+    it has a seed), one after another; `compile` False: the same cache, eager (where the engine runs
+    eager too). Its compiled steps are compiled by an untimed pass first (`one_at_a_time` twice: the
+    first warms)."""
     switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
     samples, wall, cpu = [], 0.0, 0.0
     for request in trace:
         began, began_cpu = time.perf_counter(), time.thread_time()
-        samples.append(generate_alone(model, request.prompt, request.params, kv_cache="static", compile=True))
+        samples.append(generate_alone(model, request.prompt, request.params, kv_cache="static", compile=compile))
         wall += time.perf_counter() - began
         cpu += time.thread_time() - began_cpu
     return Alone(samples, wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches)

@@ -5,6 +5,7 @@ The trace (kvlab.measure.serving_traces) is served three ways, with the same req
 
   one at a time  each request alone through the fastest single-request path,
                  `generate(kv_cache="static", compile=True)`: what a user without a server runs
+                 (`compile` false in the settings: the same cache, eager, as the engine then runs)
   static         the serving engine admits a batch of up to `slots` requests together and runs it until
                  its longest row is done; only then the next (MiniMind's `generate` on a batch)
   continuous     the serving engine (its one compiled step): a request joins at the first step with a
@@ -234,7 +235,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     trace = made["trace"]
     began = time.perf_counter()
     compile_s = {"engine": warm_up(model, roomy["continuous"])}
-    one_at_a_time(model, trace)  # untimed: compiles the single-request path's steps
+    one_at_a_time(model, trace, s["compile"])  # untimed: compiles the single-request path's steps
     compile_s["one_at_a_time"] = time.perf_counter() - began - compile_s["engine"]
     progress.done("compiled the engine's step and the single-request path")
 
@@ -255,7 +256,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     for repeat in range(s["repeats"]):
         for way in WAYS if repeat % 2 == 0 else WAYS[::-1]:  # alternating, so no way goes first always
             if way == "one_at_a_time":
-                done = one_at_a_time(model, trace)
+                done = one_at_a_time(model, trace, s["compile"])
                 found = mismatches(done.samples, trace, alone["trace"])
                 alone_checked = {key: max(alone_checked[key], found[key]) for key in alone_checked}
                 warn_mismatches("one at a time", found)
