@@ -83,7 +83,7 @@ def assert_same_run(model, prompt, seen, generate_fast, **knobs):
 def test_every_plan_gives_minimind_s_tokens_and_logits(plan, qk_norm, monkeypatch):
     model = random_model(2, **SMALL, qk_norm=qk_norm)
     seen = SeenLogits(monkeypatch)
-    ids = assert_same_run(model, PROMPT, seen, lambda prompt, **k: fast.generate(model, prompt, plan, **k),
+    ids = assert_same_run(model, PROMPT, seen, lambda prompt, **k: fast.generate(model, prompt, plan=plan, **k),
                           max_new_tokens=16, **GREEDY)
     assert len(set(ids[0, PROMPT.shape[1]:].tolist())) > 3, "degenerate output would make the check weak"
 
@@ -95,12 +95,12 @@ def test_padded_rows_and_seeded_samples_are_the_eager_path_s(monkeypatch):
     ids, mask = left_pad([[1, 5, 6], [1, 7, 8, 9, 10, 11, 12]])
     cat = model.generate(ids, mask, max_new_tokens=12, **GREEDY)
     seen.take()
-    assert torch.equal(fast.generate(model, ids, plan, attention_mask=mask, max_new_tokens=12, **GREEDY), cat)
+    assert torch.equal(fast.generate(model, ids, mask, max_new_tokens=12, plan=plan, **GREEDY), cat)
     sampled = []
     for run in (lambda: model.generate(PROMPT, max_new_tokens=20, num_return_sequences=4, temperature=1.2,
                                        eos_token_id=None),
-                lambda: fast.generate(model, PROMPT, plan, max_new_tokens=20, num_return_sequences=4, temperature=1.2,
-                                      eos_token_id=None)):
+                lambda: fast.generate(model, PROMPT, max_new_tokens=20, num_return_sequences=4, temperature=1.2,
+                                      eos_token_id=None, plan=plan)):
         torch.manual_seed(7)
         sampled.append(run())
     assert torch.equal(*sampled) and len(set(map(tuple, sampled[0].tolist()))) > 1
@@ -109,7 +109,7 @@ def test_padded_rows_and_seeded_samples_are_the_eager_path_s(monkeypatch):
 def test_half_precision_gives_the_eager_path_s_tokens_too():
     model = random_model(1, **SMALL).half()
     cat = model.generate(PROMPT, max_new_tokens=12, **GREEDY)
-    assert torch.equal(fast.generate(model, PROMPT, fast.StepPlan(compile_mode=None), max_new_tokens=12, **GREEDY), cat)
+    assert torch.equal(fast.generate(model, PROMPT, max_new_tokens=12, plan=fast.StepPlan(compile_mode=None), **GREEDY), cat)
     (decoder,) = fast.decoders_of(model).values()
     assert decoder.weights.packed.dtype == decoder.cache.keys_t[0].dtype == torch.float16
 
@@ -118,7 +118,7 @@ def test_the_fused_weights_follow_the_model_s(monkeypatch):
     model = random_model(4, **SMALL)
     plan = fast.StepPlan(compile_mode=None)
     seen = SeenLogits(monkeypatch)
-    run = lambda prompt, **k: fast.generate(model, prompt, plan, **k)  # noqa: E731
+    run = lambda prompt, **k: fast.generate(model, prompt, plan=plan, **k)  # noqa: E731
     before = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
     assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
     (decoder,) = fast.decoders_of(model).values()
@@ -140,15 +140,16 @@ def test_cache_lengths_are_bucketed_and_capped():
     model = random_model(5, **SMALL)
     plan = fast.StepPlan(compile_mode=None)
     for prompt_len in (3, 40):  # both fit one bucket: one Decoder serves both
-        fast.generate(model, PROMPT[:, :1].repeat(1, prompt_len), plan, max_new_tokens=5, **GREEDY)
+        fast.generate(model, PROMPT[:, :1].repeat(1, prompt_len), max_new_tokens=5, plan=plan, **GREEDY)
     assert [key[1] for key in fast.decoders_of(model)] == [256]
 
 
 def test_bad_requests_are_refused_in_one_line():
     model = random_model(6, **SMALL)
-    for knobs in ({"kv_cache": "cat"}, {"kv_cache": "static", "use_cache": False}):
-        with pytest.raises(ValueError, match="compile=True needs kv_cache='static' and use_cache=True"):
-            model.generate(PROMPT, max_new_tokens=3, compile=True, **knobs)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        fast.generate(model, PROMPT, max_new_tokens=2000, **GREEDY)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        fast.generate(model, PROMPT, max_new_tokens=3, temperature=0.0)
     with pytest.raises(ValueError, match="attention must be one of repeat_kv, grouped, sdpa, got 'flash'"):
         fast.StepPlan(attention="flash")
     with pytest.raises(ValueError, match="rowwise_matmul needs a compile_mode"):
@@ -166,7 +167,7 @@ def test_one_compile_per_shape_none_within_a_generation_and_minimind_s_tokens(mo
     seen = SeenLogits(monkeypatch)
 
     def compiled(prompt, **knobs):
-        return model.generate(prompt, kv_cache="static", compile=True, **knobs)
+        return fast.generate(model, prompt, **knobs)
 
     before = compiles()
     ids = assert_same_run(model, PROMPT, seen, compiled, max_new_tokens=12, **GREEDY)
@@ -179,13 +180,11 @@ def test_one_compile_per_shape_none_within_a_generation_and_minimind_s_tokens(mo
     twin = random_model(1, **TINY_FAST)
     with torch.compiler.set_stance("fail_on_recompile"):
         assert_same_run(model, PROMPT[:, :5], seen, compiled, max_new_tokens=20, **GREEDY)
-        assert_same_run(twin, PROMPT, seen, lambda p, **k: twin.generate(p, kv_cache="static", compile=True, **k),
-                        max_new_tokens=12, **GREEDY)
+        assert_same_run(twin, PROMPT, seen, lambda p, **k: fast.generate(twin, p, **k), max_new_tokens=12, **GREEDY)
         sampled = []
-        for kv_cache, compile_step in (("cat", False), ("static", True)):
+        for generate in (model.generate, lambda prompt, **knobs: fast.generate(model, prompt, **knobs)):
             torch.manual_seed(11)
-            sampled.append(model.generate(PROMPT, max_new_tokens=16, temperature=1.3, eos_token_id=None,
-                                          kv_cache=kv_cache, compile=compile_step))
+            sampled.append(generate(PROMPT, max_new_tokens=16, temperature=1.3, eos_token_id=None))
         assert torch.equal(*sampled)
     assert compiles() - before == 1
     assert len(fast.decoders_of(model)) == 1 and decoder.steps == 11 + 19 + 15
@@ -197,7 +196,7 @@ def test_without_a_compiler_one_line_and_the_eager_static_path(monkeypatch):
     before = compiles()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = model.generate(PROMPT, max_new_tokens=10, kv_cache="static", compile=True, **GREEDY)
+        out = fast.generate(model, PROMPT, max_new_tokens=10, **GREEDY)
     lines = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert lines == [fast.NO_COMPILER] and "\n" not in lines[0] and "no C++ compiler found" in lines[0]
     assert torch.equal(out, model.generate(PROMPT, max_new_tokens=10, kv_cache="cat", **GREEDY))

@@ -10,8 +10,8 @@ import torch
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes
 from kvlab.serving.compiled_step import step_rows
-from kvlab.serving.paged_attention import (attend, block_attention, block_index, gather_kv, paged_attention,
-                                           slot_ids)
+from kvlab.engine.model import attention
+from kvlab.serving.paged_attention import block_attention, block_index, gather_kv, paged_attention, slot_ids
 
 from serving_helpers import GREEDY, one_thread, prompts_of, tiny_model  # noqa: F401
 
@@ -148,15 +148,15 @@ def test_a_request_the_engine_could_never_serve_is_refused_before_any_work(model
 
 
 def reference_attention(q, keys, values, tables, positions):
-    """Each row alone, by MiniMind's attention (kvlab.serving.paged_attention.attend) over its held
-    positions gathered through its table."""
+    """Each row alone, by MiniMind's attention (kvlab.engine.model.attention) over its held positions
+    gathered through its table."""
     block_size = keys.shape[1]
     out = []
     for row, (table, position) in enumerate(zip(tables, positions)):
         blocks = torch.tensor([table[: position // block_size + 1]])
         held_k, held_v = gather_kv(keys, values, blocks, position + 1)
         n_rep = q.shape[2] // keys.shape[2]
-        out.append(attend(q[row:row + 1], held_k, held_v, n_rep, use_flash=False, had_past=position > 0))
+        out.append(attention(q[row:row + 1], held_k, held_v, n_rep, use_flash=False, had_past=position > 0))
     return torch.cat(out)
 
 

@@ -7,7 +7,7 @@ a seeded stretch of the validation text joined) and 16 to 128 new tokens (seeded
 every request runs to its count), greedy, one torch thread. Served:
 
   one_at_a_time  each request alone through the fastest single-request path,
-                 generate(kv_cache="static", compile=True), one after another
+                 kvlab.engine.fast.generate (a compiled step), one after another
   continuous     the serving engine as a user starts it: ServingEngine(model, ServingConfig(num_blocks=...,
                  max_num_seqs=...)), every other knob its default (one compiled step, continuous batching)
   static         the same engine, policy="static" (a batch runs until its longest request is done)
@@ -63,7 +63,7 @@ def serve_way(way: str, model, requests, num_blocks: int, max_num_seqs: int, **k
     """Serve every request one way; (each request's samples, wall seconds, timing thread's CPU seconds)."""
     began, began_cpu = time.perf_counter(), time.thread_time()
     if way == "one_at_a_time":
-        samples = [generate_alone(model, prompt, params, kv_cache="static", compile=True) for prompt, params in requests]
+        samples = [generate_alone(model, prompt, params, compiled=True) for prompt, params in requests]
     else:
         engine = ServingEngine(model, ServingConfig(num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                                                     **{**ENGINE_KNOBS[way], **knobs}))

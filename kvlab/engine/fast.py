@@ -1,4 +1,4 @@
-"""The fast decode path: `generate(..., kv_cache="static", compile=True)`.
+"""The fast decode path: `generate(model, ids, ...)`, MiniMind's `generate` on a compiled step.
 
 A cached decode step of the lab's model spends most of its time not on arithmetic but on the fixed
 cost of some 400 operator calls (kvlab.measure.anatomy opens it). This module attacks that cost, and
@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.engine import sampling
-from kvlab.engine.model import CausalLMOutput, MiniMindForCausalLM, StaticCache, apply_rope
+from kvlab.engine.model import CausalLMOutput, MiniMindForCausalLM, StaticCache, apply_rope, generation_loop, rms_norm
 
 # A compiled step serves every cache length up to its own; lengths are rounded up to this multiple.
 BUCKET_POSITIONS = 256
@@ -268,13 +268,6 @@ class PackedWeights:
 
 
 # --- the step ------------------------------------------------------------------------------------
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """MiniMind's RMSNorm (kvlab.engine.model.RMSNorm) as a function of its weight."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight * normed).type_as(x)
 
 
 def stored(x: torch.Tensor) -> torch.Tensor:
@@ -535,7 +528,6 @@ class Decoder:
 
 
 _DECODERS: "weakref.WeakKeyDictionary[MiniMindForCausalLM, dict]" = weakref.WeakKeyDictionary()
-_PLANS: "weakref.WeakKeyDictionary[MiniMindForCausalLM, StepPlan]" = weakref.WeakKeyDictionary()
 
 
 def decoders_of(model: MiniMindForCausalLM) -> dict:
@@ -555,7 +547,7 @@ def decoder_for(model: MiniMindForCausalLM, batch: int, needed: int, plan: StepP
 
 
 def default_plan(device) -> StepPlan:
-    """What `generate(..., compile=True)` runs: every fusion, compiled. On a CPU the matrix products
+    """What `generate` runs by default: every fusion, compiled. On a CPU the matrix products
     are written row by row, so that inductor fuses the whole step into its own C++ loops, called from
     C++ (no library call, no Python between kernels); on a GPU, cuBLAS's products and CUDA graphs
     (mode "reduce-overhead": the step replayed as one launch)."""
@@ -564,15 +556,16 @@ def default_plan(device) -> StepPlan:
     return StepPlan(rowwise_matmul=True, cpp_wrapper=True)
 
 
-NO_COMPILER = ("generate(compile=True): no C++ compiler found (torch.compile needs one on a CPU; "
+NO_COMPILER = ("kvlab.engine.fast.generate: no C++ compiler found (torch.compile needs one on a CPU; "
                "install g++ or set CXX), so this generation runs the eager static path")
 
 
-def decoding(model: MiniMindForCausalLM, input_ids: torch.Tensor, attention_mask, needed: int):
-    """(decode_step, cache) for `generate(..., kv_cache="static", compile=True)`: a Decoder's step and
-    its emptied cache; with no C++ compiler on a CPU, one warning and the eager static path's."""
+def decoding(model: MiniMindForCausalLM, input_ids: torch.Tensor, attention_mask, needed: int,
+             plan: StepPlan | None = None):
+    """(step, cache) for `generate`: a Decoder's step and its emptied cache; with no C++ compiler on a
+    CPU, one warning and the eager static path's (the model's own step over a StaticCache)."""
     device = input_ids.device
-    plan = _PLANS.get(model) or default_plan(device)
+    plan = plan or default_plan(device)
     if plan.compile_mode is not None and device.type == "cpu" and find_cpp_compiler() is None:
         warnings.warn(NO_COMPILER, RuntimeWarning, stacklevel=3)
         cache = StaticCache(model.config, input_ids.shape[0], needed, model.lm_head.weight.dtype, device)
@@ -581,11 +574,18 @@ def decoding(model: MiniMindForCausalLM, input_ids: torch.Tensor, attention_mask
     return decoder.decode_step, decoder.start(attention_mask)
 
 
-def generate(model: MiniMindForCausalLM, inputs: torch.Tensor, plan: StepPlan, **generate_kwargs) -> torch.Tensor:
-    """`model.generate(inputs, kv_cache="static", compile=True, **generate_kwargs)` with the step of
-    `plan` instead of the default one (to measure one fusion, or the fused step uncompiled)."""
-    _PLANS[model] = plan
-    try:
-        return model.generate(inputs, kv_cache="static", compile=True, **generate_kwargs)
-    finally:
-        del _PLANS[model]
+@torch.inference_mode()
+def generate(model: MiniMindForCausalLM, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             max_new_tokens: int = 8192, temperature: float = 0.85, top_p: float = 0.85, top_k: int = 50,
+             eos_token_id: int | None = 2, num_return_sequences: int = 1, do_sample: bool = True,
+             repetition_penalty: float = 1.0, *, plan: StepPlan | None = None) -> torch.Tensor:
+    """MiniMind's `generate` (the model's knobs, its loop: kvlab.engine.model.generation_loop), each
+    decode step one call of a compiled step of static shapes (`plan`: default_plan's, or another, to
+    measure one fusion, or the fused step uncompiled). The same tokens as `model.generate`, fewer and
+    fused operator calls. Returns prompt + new ids, (B * num_return_sequences, P + n)."""
+    input_ids, attention_mask = model.generation_inputs(inputs, attention_mask, max_new_tokens, num_return_sequences,
+                                                        temperature, do_sample)
+    step, cache = decoding(model, input_ids, attention_mask, inputs.shape[1] + max_new_tokens - 1, plan)
+    knobs = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                 do_sample=do_sample)
+    return generation_loop(step, input_ids, attention_mask, cache, max_new_tokens, eos_token_id, True, knobs)

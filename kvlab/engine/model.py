@@ -1,8 +1,10 @@
 """MiniMind in plain PyTorch: the same layers, parameter names and `generate` as MiniMind.
 
 Read top to bottom (the config is kvlab.engine.config): RMSNorm, rotary position
-tables, attention with grouped-query heads (the KV cache lives here), the SwiGLU MLP,
-one block, the stack, and the causal-LM head with its `generate` loop.
+tables, the KV cache (MiniMind's, and one allocated once), attention with grouped-query heads,
+the SwiGLU MLP, one block, the stack, the causal-LM head with its `generate`, and the generation
+loop `generate` runs. `rms_norm` and `attention` are the one home of their math: the serving
+engine's paged attention and the compiled steps (kvlab.engine.fast, kvlab.serving) call them.
 
 Shapes: B batch, T tokens fed this call, S cached + fed tokens, H query heads,
 KV key/value heads, D head_dim, C hidden_size, V vocab_size.
@@ -14,6 +16,8 @@ query. Positions are not shifted (RoPE scores depend only on the distance betwee
 The cache is MiniMind's: per layer (K, V), grown by `torch.cat` at every step, so each step copies
 all it holds. `StaticCache` is the other way, beside it and never used by the lab's seven steps:
 allocated once for the final length and written in place (`generate(..., kv_cache="static")`).
+The compiled decode step (kvlab.engine.fast.generate) drives the same loop with a step of its own;
+this module knows nothing of it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,42 @@ from kvlab.engine.config import MiniMindConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 KV_CACHES = ("cat", "static")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """MiniMind's RMSNorm: x / sqrt(mean(x²) + eps) in float32, times the weight, in x's dtype."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * normed).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position, each (max_positions, head_dim), halves repeated."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(max_positions), inv_freq).float()
+    cos = torch.cat([torch.cos(angles), torch.cos(angles)], dim=-1)
+    sin = torch.cat([torch.sin(angles), torch.sin(angles)], dim=-1)
+    return cos, sin
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, heads, D); cos, sin: (T, D)."""
+    return ((x * cos.unsqueeze(1)) + (rotate_half(x) * sin.unsqueeze(1))).to(x.dtype)
 
 
 def extend_cache(past_kv: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor):
@@ -90,37 +130,6 @@ def cache_length(past_key_values) -> int:
     return past_key_values[0][0].shape[1] if past_key_values else 0
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * normed).type_as(x)
-
-
-def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin for every position, each (max_positions, head_dim), halves repeated."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(max_positions), inv_freq).float()
-    cos = torch.cat([torch.cos(angles), torch.cos(angles)], dim=-1)
-    sin = torch.cat([torch.sin(angles), torch.sin(angles)], dim=-1)
-    return cos, sin
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, heads, D); cos, sin: (T, D)."""
-    return ((x * cos.unsqueeze(1)) + (rotate_half(x) * sin.unsqueeze(1))).to(x.dtype)
-
-
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, S, KV, D) -> (B, S, KV * n_rep, D): each KV head serves n_rep query heads."""
     if n_rep == 1:
@@ -128,6 +137,34 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     batch, length, kv_heads, head_dim = x.shape
     expanded = x[:, :, :, None, :].expand(batch, length, kv_heads, n_rep, head_dim)
     return expanded.reshape(batch, length, kv_heads * n_rep, head_dim)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, use_flash: bool, had_past: bool,
+              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """MiniMind's attention of q (B, T, H, D), normed and rotated, over k, v (B, S, KV, D), before
+    repeat_kv, the last T of S being the fed positions. Returns (B, T, H * D), the input of o_proj.
+
+    PyTorch's fused kernel for a cache-free prefill without padding (`use_flash`, the config's
+    flash_attn); else scores, the causal mask on the fed columns, MiniMind's -1e9 for a padded key
+    (`attention_mask` (B, S), 0 at padding), a float32 softmax, and the values."""
+    batch, fed, _, head_dim = q.shape
+    q = q.transpose(1, 2)  # (B, H, T, D)
+    k = repeat_kv(k, n_rep).transpose(1, 2)  # (B, H, S, D)
+    v = repeat_kv(v, n_rep).transpose(1, 2)
+    unpadded = attention_mask is None or bool(attention_mask.all())
+    if use_flash and fed > 1 and not had_past and unpadded:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)  # (B, H, T, S)
+        causal = torch.full((fed, fed), float("-inf"), device=scores.device).triu(1)
+        scores[:, :, :, -fed:] += causal
+        scores = scores.float()
+        if attention_mask is not None:
+            # MiniMind's rule: a padded key (mask 0) scores -1e9, so softmax gives it no weight.
+            # Added in float32, where a padded query that sees only padding stays finite.
+            scores = scores + (1.0 - attention_mask[:, None, None, :].float()) * -1e9
+        out = F.softmax(scores, dim=-1).type_as(q) @ v
+    return out.transpose(1, 2).reshape(batch, fed, -1)
 
 
 class Attention(nn.Module):
@@ -163,23 +200,7 @@ class Attention(nn.Module):
             k, v = extend_cache(past_kv, k, v)  # (B, S, KV, D)
         # The cache keeps K and V *before* repeat_kv: GQA's saving is the cache's saving.
         present = (k, v) if use_cache else None
-        q = q.transpose(1, 2)  # (B, H, T, D)
-        k = repeat_kv(k, self.n_rep).transpose(1, 2)  # (B, H, S, D)
-        v = repeat_kv(v, self.n_rep).transpose(1, 2)
-        unpadded = attention_mask is None or bool(attention_mask.all())
-        if self.use_flash and fed > 1 and not had_past and unpadded:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, S)
-            causal = torch.full((fed, fed), float("-inf"), device=scores.device).triu(1)
-            scores[:, :, :, -fed:] += causal
-            scores = scores.float()
-            if attention_mask is not None:
-                # MiniMind's rule: a padded key (mask 0) scores -1e9, so softmax gives it no weight.
-                # Added in float32, where a padded query that sees only padding stays finite.
-                scores = scores + (1.0 - attention_mask[:, None, None, :].float()) * -1e9
-            out = F.softmax(scores, dim=-1).type_as(q) @ v
-        out = out.transpose(1, 2).reshape(batch, fed, -1)
+        out = attention(q, k, v, self.n_rep, self.use_flash, had_past, attention_mask)
         return self.o_proj(out), present
 
 
@@ -288,6 +309,19 @@ class MiniMindForCausalLM(nn.Module):
                 f"max_position_embeddings ({limit})"
             )
 
+    def generation_inputs(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int,
+                          num_return_sequences: int, temperature: float, do_sample: bool):
+        """`generate`'s checks and its rows: refuse a temperature <= 0 when sampling and a generation past
+        the position table; each prompt repeated `num_return_sequences` times (its mask too). Returns
+        (input_ids, attention_mask)."""
+        sampling.check_temperature(temperature, do_sample)
+        self.check_room(inputs.shape[1], max_new_tokens)
+        if attention_mask is not None:
+            if attention_mask.shape != inputs.shape:
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, the inputs {tuple(inputs.shape)}")
+            attention_mask = attention_mask.repeat(num_return_sequences, 1)
+        return inputs.repeat(num_return_sequences, 1), attention_mask
+
     @torch.inference_mode()
     def generate(
         self,
@@ -304,7 +338,6 @@ class MiniMindForCausalLM(nn.Module):
         repetition_penalty: float = 1.0,
         *,
         kv_cache: str = "cat",
-        compile: bool = False,
     ) -> torch.Tensor:
         """MiniMind's generation loop. Returns prompt + new ids, (B * num_return_sequences, P + n).
 
@@ -314,49 +347,44 @@ class MiniMindForCausalLM(nn.Module):
         their `attention_mask` (B, P); each new token extends it with a 1. `kv_cache="static"`
         (not MiniMind's; never the lab's seven steps) keeps the cache in a StaticCache allocated once
         for the final length instead of growing it by torch.cat: the same tokens, without the copies.
-        `compile=True` (with kv_cache="static" and use_cache=True) decodes with one compiled step of
-        static shapes per model and batch shape (kvlab.engine.fast): the same tokens, fewer and
-        fused operator calls.
+        The compiled decode step is kvlab.engine.fast.generate, with the same knobs.
         """
-        sampling.check_temperature(temperature, do_sample)
-        self.check_room(inputs.shape[1], max_new_tokens)
         if kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
-        if compile and (kv_cache != "static" or not use_cache):
-            raise ValueError(f"compile=True needs kv_cache='static' and use_cache=True, got kv_cache={kv_cache!r}, "
-                             f"use_cache={use_cache}")
-        input_ids = inputs.repeat(num_return_sequences, 1)
-        if attention_mask is not None:
-            if attention_mask.shape != inputs.shape:
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, the inputs {tuple(inputs.shape)}")
-            attention_mask = attention_mask.repeat(num_return_sequences, 1)
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        past_key_values = None
-        step = self.decode_step
-        final_length = inputs.shape[1] + max_new_tokens - 1
-        if compile:
-            from kvlab.engine import fast  # here, not above: the fast path builds on this module
-
-            step, past_key_values = fast.decoding(self, input_ids, attention_mask, final_length)
-        elif use_cache and kv_cache == "static":
-            past_key_values = StaticCache(self.config, input_ids.shape[0], final_length, self.lm_head.weight.dtype,
-                                          input_ids.device)
+        input_ids, attention_mask = self.generation_inputs(inputs, attention_mask, max_new_tokens, num_return_sequences,
+                                                           temperature, do_sample)
+        cache = None
+        if use_cache and kv_cache == "static":
+            cache = StaticCache(self.config, input_ids.shape[0], inputs.shape[1] + max_new_tokens - 1,
+                                self.lm_head.weight.dtype, input_ids.device)
         knobs = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                      do_sample=do_sample)
-        for _ in range(max_new_tokens):
-            outputs, next_token = step(input_ids, attention_mask, past_key_values, use_cache, **knobs)
-            if attention_mask is not None:
-                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1)
-            if eos_token_id is not None:
-                # rows that already finished keep receiving eos
-                next_token = torch.where(finished.unsqueeze(-1), torch.full_like(next_token, eos_token_id), next_token)
-            input_ids = torch.cat([input_ids, next_token], dim=-1)
-            past_key_values = outputs.past_key_values if use_cache else None
-            if eos_token_id is not None:
-                finished |= next_token.squeeze(-1).eq(eos_token_id)
-                if finished.all():
-                    break
-        return input_ids
+        return generation_loop(self.decode_step, input_ids, attention_mask, cache, max_new_tokens, eos_token_id,
+                               use_cache, knobs)
+
+
+def generation_loop(step, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache, max_new_tokens: int,
+                    eos_token_id: int | None, use_cache: bool, knobs: dict) -> torch.Tensor:
+    """`generate`'s loop, whatever computes its steps. `step(input_ids, attention_mask, cache, use_cache,
+    **knobs)` returns (outputs, (B, 1) next ids): MiniMindForCausalLM.decode_step (the eager model), or
+    a compiled step's (kvlab.engine.fast). Each step's ids join the rows; a row that drew eos keeps
+    getting eos while others run, and the loop stops when every row has drawn it (MiniMind's rule).
+    Returns (B, P + n) ids."""
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        outputs, next_token = step(input_ids, attention_mask, cache, use_cache, **knobs)
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1)
+        if eos_token_id is not None:
+            # rows that already finished keep receiving eos
+            next_token = torch.where(finished.unsqueeze(-1), torch.full_like(next_token, eos_token_id), next_token)
+        input_ids = torch.cat([input_ids, next_token], dim=-1)
+        cache = outputs.past_key_values if use_cache else None
+        if eos_token_id is not None:
+            finished |= next_token.squeeze(-1).eq(eos_token_id)
+            if finished.all():
+                break
+    return input_ids
 
 
 def left_pad(rows: list[list[int]], pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,19 +90,15 @@ def matmul_rate(dtype, device, repeats: int, max_seconds: float) -> dict:
 
 
 def path_generators(model, minimind_model, plan: fast.StepPlan, extra_plans: dict) -> dict:
-    """Per path, a function (prompt, new_tokens) -> ids of a greedy generation. "compiled" is the
-    users' call, `generate(..., kv_cache="static", compile=True)`, when `plan` is its default."""
+    """Per path, a function (prompt, new_tokens) -> ids of a greedy generation. "compiled" is
+    `kvlab.engine.fast.generate` with `plan` (the users' call when it is the default plan)."""
     def with_cache(kv_cache):
         return lambda prompt, n: model.generate(prompt, max_new_tokens=n, kv_cache=kv_cache, **steps.GREEDY)
 
     def with_plan(step_plan):
-        return lambda prompt, n: fast.generate(model, prompt, step_plan, max_new_tokens=n, **steps.GREEDY)
+        return lambda prompt, n: fast.generate(model, prompt, max_new_tokens=n, plan=step_plan, **steps.GREEDY)
 
-    def compiled(prompt, n):
-        return model.generate(prompt, max_new_tokens=n, kv_cache="static", compile=True, **steps.GREEDY)
-
-    users_call = plan == fast.default_plan(model.lm_head.weight.device)
-    paths = {"cat": with_cache("cat"), "static": with_cache("static"), "compiled": compiled if users_call else with_plan(plan)}
+    paths = {"cat": with_cache("cat"), "static": with_cache("static"), "compiled": with_plan(plan)}
     if minimind_model is not None:
         paths["minimind"] = lambda prompt, n: minimind_model.generate(prompt, max_new_tokens=n, **steps.GREEDY)
     for name, step_plan in extra_plans.items():
@@ -256,7 +252,7 @@ def operator_calls(model, prompt_ids: list[int], plans: dict, device="cpu") -> d
         for name, plan in plans.items():
             if plan.compile_mode is not None:
                 raise ValueError(f"operator_calls: plan {name!r} is compiled; count eager plans only")
-            fast.generate(model, prompt, plan, max_new_tokens=2, **steps.GREEDY)  # fills its Decoder's cache
+            fast.generate(model, prompt, max_new_tokens=2, plan=plan, **steps.GREEDY)  # fills its Decoder's cache
             decoder = fast.decoder_for(model, 1, prompt.shape[1] + 1, plan)
             counts[name] = _calls_in(decoder.run_step)
     return counts
@@ -286,7 +282,7 @@ def _calls_in(step) -> int:
 
 
 def compiled_plan(device, compile_mode: str | None) -> fast.StepPlan:
-    """`generate(..., compile=True)`'s plan on `device` (kvlab.engine.fast.default_plan), with another
+    """`kvlab.engine.fast.generate`'s plan on `device` (its default_plan), with another
     torch.compile mode when one is given (the C++ wrapper is mode "default"'s only)."""
     plan = fast.default_plan(device)
     if compile_mode is None:

@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import os
-import random
 import signal
 import socket
 import statistics

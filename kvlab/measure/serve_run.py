@@ -1,6 +1,6 @@
 """A trace served once, and what it cost: by the serving engine (continuous or static batches, its
 every step's counts and seconds from the engine's own records), or one request at a time through the
-fastest single-request path (`generate(kv_cache="static", compile=True)`), as a user without a
+fastest single-request path (`kvlab.engine.fast.generate`, a compiled step), as a user without a
 server would run them. Every way's answers are held against `generate` alone (kvlab.serving.alone).
 """
 
@@ -151,15 +151,15 @@ class Alone:
 
 
 def one_at_a_time(model: MiniMindForCausalLM, trace: list[TraceRequest], compile: bool = True) -> Alone:
-    """Each request by `generate(kv_cache="static", compile=True)` alone (after `torch.manual_seed` when
-    it has a seed), one after another; `compile` False: the same cache, eager (where the engine runs
-    eager too). Its compiled steps are compiled by an untimed pass first (`one_at_a_time` twice: the
+    """Each request by `kvlab.engine.fast.generate` alone (after `torch.manual_seed` when it has a seed),
+    one after another; `compile` False: `generate(kv_cache="static")`, the same cache eager (where the
+    engine runs eager too). Its compiled steps are compiled by an untimed pass first (`one_at_a_time` twice: the
     first warms)."""
     switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
     samples, wall, cpu = [], 0.0, 0.0
     for request in trace:
         began, began_cpu = time.perf_counter(), time.thread_time()
-        samples.append(generate_alone(model, request.prompt, request.params, kv_cache="static", compile=compile))
+        samples.append(generate_alone(model, request.prompt, request.params, kv_cache="static", compiled=compile))
         wall += time.perf_counter() - began
         cpu += time.thread_time() - began_cpu
     return Alone(samples, wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches)

@@ -4,7 +4,7 @@ of requests (kvlab.serving): what the trace rule measures.
 The trace (kvlab.measure.serving_traces) is served three ways, with the same requests:
 
   one at a time  each request alone through the fastest single-request path,
-                 `generate(kv_cache="static", compile=True)`: what a user without a server runs
+                 `kvlab.engine.fast.generate`: what a user without a server runs
                  (`compile` false in the settings: the same cache, eager, as the engine then runs)
   static         the serving engine admits a batch of up to `slots` requests together and runs it until
                  its longest row is done; only then the next (MiniMind's `generate` on a batch)

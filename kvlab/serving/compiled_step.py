@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.engine import fast
-from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.engine.model import MiniMindForCausalLM, rms_norm
 from kvlab.serving.block_pool import BlockPool
 from kvlab.serving.paged_attention import block_attention
 
@@ -114,15 +114,15 @@ def step_logits(rows: StepRows, weights: fast.ModelWeights, pool_keys: list[torc
     blocks, offsets = rows.slots // block_size, rows.slots % block_size
     hidden = F.embedding(rows.token_ids[:, None], weights.embed)  # (N, 1, C)
     for index, layer in enumerate(weights.layers):
-        normed = fast.rms_norm(hidden, layer.input_norm, shape.eps)
+        normed = rms_norm(hidden, layer.input_norm, shape.eps)
         q, k, v = fast.project_qkv(normed, layer, shape, cos, sin, PLAN)  # (N, 1, H or KV, D)
         pool_keys[index].index_put_((blocks, offsets), k[:, 0])
         pool_values[index].index_put_((blocks, offsets), v[:, 0])
         attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
                                    rows.pair_blocks, rows.pair_starts)
         hidden = fast.linear(attended, layer.o, PLAN) + hidden
-        hidden = hidden + fast.mlp(fast.rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
-    last = fast.rms_norm(hidden[rows.logit_rows, 0], weights.final_norm, shape.eps)  # (R, C)
+        hidden = hidden + fast.mlp(rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
+    last = rms_norm(hidden[rows.logit_rows, 0], weights.final_norm, shape.eps)  # (R, C)
     return fast.linear(last, weights.lm_head, PLAN)
 
 

@@ -4,10 +4,10 @@ position it holds back through its block table, and attend with MiniMind's own m
 Shapes: R rows of one request fed together (1, or its n samples), T positions fed per row this step,
 S = start + T positions held after it, H query heads, KV key/value heads, D head_dim, bs block_size.
 
-`attend` is the attention of kvlab.engine.model.Attention, line for line (its flash path for a
-cache-free prefill, else scores, causal mask on the fed columns, a float32 softmax), so that a
-request gets the very bits `generate` alone gives it: a request is never padded, so no attention
-mask is needed. A test holds the two against each other.
+Per request, the attention is the model's own function (kvlab.engine.model.attention: its flash path
+for a cache-free prefill, else scores, causal mask on the fed columns, a float32 softmax), so that a
+request gets the very bits `generate` alone gives it: a request is never padded, so no attention mask
+is needed. `block_attention` is the compiled step's, row by row over (row, block) pairs.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from kvlab.engine.fast import stored
-from kvlab.engine.model import apply_rope, repeat_kv
+from kvlab.engine.model import apply_rope, attention
 
 
 def slot_ids(tables: list[list[int]], start: int, end: int, block_size: int) -> torch.Tensor:
@@ -52,24 +51,6 @@ def gather_kv(keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor, le
     return k, v
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, use_flash: bool, had_past: bool):
-    """MiniMind's attention of q (R, T, H, D) over k, v (R, S, KV, D), the last T of S being the fed
-    positions. Returns (R, T, H * D)."""
-    rows, fed, _, head_dim = q.shape
-    q = q.transpose(1, 2)  # (R, H, T, D)
-    k = repeat_kv(k, n_rep).transpose(1, 2)  # (R, H, S, D)
-    v = repeat_kv(v, n_rep).transpose(1, 2)
-    if use_flash and fed > 1 and not had_past:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    else:
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)  # (R, H, T, S)
-        causal = torch.full((fed, fed), float("-inf"), device=scores.device).triu(1)
-        scores[:, :, :, -fed:] += causal
-        scores = scores.float()
-        out = F.softmax(scores, dim=-1).type_as(q) @ v
-    return out.transpose(1, 2).reshape(rows, fed, -1)
-
-
 def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     keys: torch.Tensor, values: torch.Tensor, start: int, slots: torch.Tensor,
                     blocks: torch.Tensor) -> torch.Tensor:
@@ -78,7 +59,7 @@ def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
     cos, sin (T, D) the RoPE tables at positions start .. start + T - 1; keys, values the layer's pool;
     `slots` where this step's positions go (slot_ids), `blocks` the blocks of every position held after
     them (block_index). Per-head norms and RoPE, this step's K and V written into the blocks, every held
-    position gathered back through the tables, then `attend`."""
+    position gathered back through the tables, then the model's attention."""
     rows, fed, _ = q.shape
     q = q.view(rows, fed, attn.num_heads, attn.head_dim)
     k = k.view(rows, fed, attn.num_kv_heads, attn.head_dim)
@@ -88,7 +69,7 @@ def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     write_kv(keys, values, slots, k, v)
     held_k, held_v = gather_kv(keys, values, blocks, start + fed)
-    return attend(q, held_k, held_v, attn.n_rep, attn.use_flash, had_past=start > 0)
+    return attention(q, held_k, held_v, attn.n_rep, attn.use_flash, had_past=start > 0)
 
 
 
