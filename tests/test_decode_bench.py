@@ -16,8 +16,8 @@ from helpers import TINY_FAST, png_text, random_model, torch_threads
 FAKE_MINIMIND = Path(__file__).parent / "fake_minimind" / "model_minimind.py"
 PROMPT_IDS = [1, 5, 6, 7, 8, 9, 10, 11]
 ROW_KEYS = {"path", "new_tokens", "ms_per_token", "q1_ms", "q3_ms", "iqr_share", "unstable", "n", "cpu_ms_per_token",
-            "same_tokens_as_cat", "compile_s", "first_generation_s", "cache_length", "times_limit", "samples_s",
-            "contended_runs", "contended"}
+            "same_tokens_as_cat", "compile_s", "first_generation_s", "cache_length", "times_limit", "times_floor",
+            "samples_s", "contended_runs", "contended"}
 
 
 @pytest.fixture(autouse=True)
@@ -54,13 +54,15 @@ def test_every_path_side_by_side_with_its_spread_and_the_limit_below_all(tiny_an
         assert row["q1_ms"] <= row["ms_per_token"] <= row["q3_ms"]
         assert 0 <= row["contended_runs"] <= 1 and isinstance(row["contended"], bool)
         assert (row["compile_s"] is not None) == (path == "compiled")
-    assert rows[("compiled", 4)]["compile_s"] > 0 and rows[("compiled", 4)]["cache_length"] == fast.BUCKET_POSITIONS
-    rate = result["limit"]["matmul"]
+    # the compiled step's cache is exactly its generation's length (an aot plan): prompt + new - 1
+    assert rows[("compiled", 4)]["compile_s"] >= 0 and rows[("compiled", 4)]["cache_length"] == len(PROMPT_IDS) + 4 - 1
+    rate, reading = result["limit"]["matmul"], result["limit"]["read"]
     assert rate["gflops_low"] <= rate["gflops"] <= rate["gflops_high"]
+    assert reading["gb_per_s_low"] <= reading["gb_per_s"] <= reading["gb_per_s_high"] and reading["bytes"] > 0
     for limit in result["limit"]["per_length"]:
-        assert 0 < limit["limit_ms_per_token"] < min(row["ms_per_token"] for (_, n), row in rows.items()
-                                                     if n == limit["new_tokens"])
-    assert all(row["times_limit"] > 1 for row in rows.values())
+        fastest = min(row["ms_per_token"] for (_, n), row in rows.items() if n == limit["new_tokens"])
+        assert 0 < limit["limit_ms_per_token"] < fastest and 0 < limit["floor_ms_per_token"] < fastest
+    assert all(row["times_limit"] > 1 and row["times_floor"] > 1 for row in rows.values())
     assert {(s["slow"], s["new_tokens"]) for s in result["speedups"]} == {(p, n) for p in ("cat", "minimind")
                                                                          for n in (4, 9)}
     assert all(s["low"] <= s["ratio"] <= s["high"] for s in result["speedups"])
@@ -91,6 +93,19 @@ def test_the_flops_count_every_matrix_product_of_the_model():
     assert decode_bench.generation_flops(config, 3, 2) == sum(decode_bench.token_flops(config, c) for c in (1, 2, 3, 4))
 
 
+def test_the_bytes_a_step_reads_are_every_weight_once_and_the_cache_it_sees():
+    model = random_model(0, **TINY_FAST)
+    config = model.config
+    # every parameter once: the tied embedding is the LM head, read whole, its token's row with it
+    parameters = sum(p.numel() for p in model.parameters())
+    cache_per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+    assert config.tie_word_embeddings
+    assert decode_bench.token_bytes(config, 10, 4) == 4 * (parameters + 10 * cache_per_position)
+    # a prompt of 3 read once with its K and V, then one step at 4 positions
+    assert decode_bench.generation_bytes(config, 3, 2, 4) == (decode_bench.token_bytes(config, 3, 4)
+                                                               + decode_bench.token_bytes(config, 4, 4))
+
+
 def test_fewer_operator_calls_with_each_fusion():
     model = random_model(0, hidden_size=64, num_hidden_layers=2)
     plans = {"unfused": fast.StepPlan(fused_qkv=False, fused_gate_up=False, attention="repeat_kv", compile_mode=None),
@@ -111,11 +126,11 @@ def test_the_rule_is_built_only_when_asked_and_its_figure_reads_its_rows(tmp_pat
     assert dry_run_jobs(tmp_path, "results/decode_bench.csv") == {
         "corpus": 1, "tokenizer": 1, "pretrain": 1, "prompt": 1, "inspect_checkpoint": 1, "decode_bench": 1}
     rows = [{"path": path, "new_tokens": n, "ms_per_token": ms, "q1_ms": 0.9 * ms, "q3_ms": 1.1 * ms,
-             "times_limit": 10.0 * ms / 4.0, "prompt_len": 201}
+             "times_limit": 10.0 * ms / 4.0, "times_floor": 5.0 * ms / 4.0, "prompt_len": 201}
             for path, ms in (("cat", 4.0), ("static", 3.8), ("compiled", 0.8), ("minimind", 4.2)) for n in (64, 1024)]
     for language in ("en", "ko"):
         figures.decode_bench(rows, tmp_path / f"decode_{language}.png", language=language)
         described = png_text(tmp_path / f"decode_{language}.png")["Description"]
-        assert described.count("\n") >= 5  # four paths, the limit, the axes
+        assert described.count("\n") >= 6  # four paths, the limit, the floor, the axes
     assert "MiniMind's own generate" in png_text(tmp_path / "decode_en.png")["Description"]
     assert "MiniMind 자체의 generate" in png_text(tmp_path / "decode_ko.png")["Description"]

@@ -1,5 +1,6 @@
-"""The fast decode path (kvlab.engine.fast): MiniMind's tokens and logits from every step plan, one
-compile per shape and none within a generation, the weights followed, the missing compiler."""
+"""The fast decode path (kvlab.engine.fast): MiniMind's tokens and logits from every step plan, the
+default step compiled ahead of time once per architecture and kept on disk, a torch.compile plan once
+per shape, none within a generation, the weights followed, the missing compiler."""
 import gc
 import warnings
 import weakref
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from kvlab.engine import fast, sampling
+from kvlab.engine import aot, fast, sampling
 from kvlab.engine.model import left_pad
 from kvlab.measure.steps import GREEDY
 
@@ -42,18 +43,18 @@ def compiles() -> int:
 
 
 class SeenLogits:
-    """Every logits row the next-token choice saw (kvlab.engine.sampling.next_token, which both the
-    eager and the fast path call once a step)."""
+    """Every logits row the next-token choice saw (kvlab.engine.sampling.choose_next, which both the
+    eager and the fast path call once a step; the fast path's plain greedy choice made in its step)."""
 
     def __init__(self, monkeypatch):
         self.rows = []
-        original = sampling.next_token
+        original = sampling.choose_next
 
-        def next_token(logits, *args, **kwargs):
+        def choose_next(logits, *args, **kwargs):
             self.rows.append(logits.clone())
             return original(logits, *args, **kwargs)
 
-        monkeypatch.setattr(sampling, "next_token", next_token)
+        monkeypatch.setattr(sampling, "choose_next", choose_next)
 
     def take(self) -> list[torch.Tensor]:
         rows, self.rows = self.rows, []
@@ -161,8 +162,11 @@ def test_bad_requests_are_refused_in_one_line():
 # --- compiled: one small model, compiled once ---------------------------------------------------------
 
 
-def test_one_compile_per_shape_none_within_a_generation_and_minimind_s_tokens(monkeypatch):
-    torch._dynamo.reset()  # count from a clean slate, whatever ran before in this process
+def test_one_program_per_architecture_every_length_minimind_s_tokens_and_the_disk_cache(monkeypatch):
+    """The default plan's step compiled ahead of time (kvlab.engine.aot): one program serves every cache
+    length (each generation's cache exactly its length) and every model of the architecture, greedy
+    (chosen inside the step) and seeded; nothing is compiled by dynamo; a new process loads it from
+    the cache directory."""
     model = random_model(0, **TINY_FAST)
     seen = SeenLogits(monkeypatch)
 
@@ -171,23 +175,44 @@ def test_one_compile_per_shape_none_within_a_generation_and_minimind_s_tokens(mo
 
     before = compiles()
     ids = assert_same_run(model, PROMPT, seen, compiled, max_new_tokens=12, **GREEDY)
-    assert compiles() - before == 1, "eleven decode steps, one compiled step"
     assert len(set(ids[0, PROMPT.shape[1]:].tolist())) > 3
     (decoder,) = fast.decoders_of(model).values()
-    assert decoder.steps == 11 and decoder.first_step_s > 0  # the compiling, timed apart
-    # the same shape again: another prompt length in the bucket, another model of the architecture,
-    # seeded samples; a recompile would raise
+    assert decoder.program is not None and decoder.steps == 11 and decoder.compile_s >= 0
+    assert decoder.cache.max_tokens == PROMPT.shape[1] + 12 - 1
+    loaded = dict(aot._LOADED)
     twin = random_model(1, **TINY_FAST)
     with torch.compiler.set_stance("fail_on_recompile"):
         assert_same_run(model, PROMPT[:, :5], seen, compiled, max_new_tokens=20, **GREEDY)
         assert_same_run(twin, PROMPT, seen, lambda p, **k: fast.generate(twin, p, **k), max_new_tokens=12, **GREEDY)
         sampled = []
-        for generate in (model.generate, lambda prompt, **knobs: fast.generate(model, prompt, **knobs)):
+        for generate in (model.generate, compiled):
             torch.manual_seed(11)
             sampled.append(generate(PROMPT, max_new_tokens=16, temperature=1.3, eos_token_id=None))
         assert torch.equal(*sampled)
-    assert compiles() - before == 1
+    assert aot._LOADED == loaded and compiles() == before
     assert len(fast.decoders_of(model)) == 1 and decoder.steps == 11 + 19 + 15
+    assert decoder.cache.max_tokens == PROMPT.shape[1] + 16 - 1
+    # as a new process finds it: loaded from the cache directory, not compiled again
+    monkeypatch.setattr(aot, "_LOADED", {})
+    again = fast.Decoder(model, 1, None, decoder.plan)
+    assert again.program.from_cache and list(aot._LOADED) == list(loaded)
+
+
+def test_a_torch_compile_plan_compiles_once_per_shape(monkeypatch):
+    """The plan compiled by torch.compile (the GPU's way, and the ablation's): one compile per shape,
+    none within a generation, MiniMind's tokens."""
+    torch._dynamo.reset()  # count from a clean slate, whatever ran before in this process
+    model = random_model(0, **TINY_FAST)
+    plan = fast.StepPlan(rowwise_matmul=True, cpp_wrapper=True)
+    seen = SeenLogits(monkeypatch)
+    run = lambda prompt, **k: fast.generate(model, prompt, plan=plan, **k)  # noqa: E731
+    before = compiles()
+    assert_same_run(model, PROMPT, seen, run, max_new_tokens=12, **GREEDY)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        assert_same_run(model, PROMPT[:, :5], seen, run, max_new_tokens=20, **GREEDY)  # the same bucket
+    assert compiles() - before == 1
+    (decoder,) = fast.decoders_of(model).values()
+    assert decoder.cache_length == fast.BUCKET_POSITIONS and decoder.steps == 11 + 19 and decoder.compile_s > 0
 
 
 def test_without_a_compiler_one_line_and_the_eager_static_path(monkeypatch):

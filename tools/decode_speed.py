@@ -76,19 +76,24 @@ def minimind_twin(model: MiniMindForCausalLM, source: Path, folder: Path):
 def table(result: dict) -> str:
     """The rows as a fixed-width table, then the limit and the speedups."""
     lines = [f"{'path':44} {'tokens':>6} {'ms/token':>9} {'q1':>8} {'q3':>8} {'iqr%':>5} {'n':>3} {'cpu ms':>7} "
-             f"{'same':>5} {'compile s':>9} {'x limit':>8}"]
+             f"{'same':>5} {'compile s':>9} {'x limit':>8} {'x floor':>8}"]
     for row in result["rows"]:
         compile_s = "" if row["compile_s"] is None else f"{row['compile_s']:.1f}"
         flag = " unstable" if row["unstable"] else ""
         lines.append(f"{row['path']:44} {row['new_tokens']:>6} {row['ms_per_token']:>9.3f} {row['q1_ms']:>8.3f} "
                      f"{row['q3_ms']:>8.3f} {100 * row['iqr_share']:>5.1f} {row['n']:>3} {row['cpu_ms_per_token']:>7.3f} "
-                     f"{str(row['same_tokens_as_cat']):>5} {compile_s:>9} {row['times_limit']:>8.1f}{flag}")
+                     f"{str(row['same_tokens_as_cat']):>5} {compile_s:>9} {row['times_limit']:>8.1f} "
+                     f"{row['times_floor']:>8.2f}{flag}")
     rate = result["limit"]["matmul"]
     lines.append(f"matrix product {rate['matrix']}^2: {rate['gflops']:.1f} GFLOP/s "
                  f"[{rate['gflops_low']:.1f}, {rate['gflops_high']:.1f}]")
+    read = result["limit"]["read"]
+    lines.append(f"reading {read['bytes'] / 1e6:.2f} MB: {read['gb_per_s']:.1f} GB/s "
+                 f"[{read['gb_per_s_low']:.1f}, {read['gb_per_s_high']:.1f}]")
     for limit in result["limit"]["per_length"]:
         lines.append(f"limit at {limit['new_tokens']} new tokens: {limit['flops_per_token'] / 1e6:.2f} MFLOP/token, "
-                     f"{limit['limit_ms_per_token']:.4f} ms/token")
+                     f"{limit['limit_ms_per_token']:.4f} ms/token; floor {limit['bytes_per_token'] / 1e6:.2f} "
+                     f"MB/token, {limit['floor_ms_per_token']:.4f} ms/token")
     for speedup in result["speedups"]:
         lines.append(f"{speedup['slow']} / {speedup['fast']} at {speedup['new_tokens']}: {speedup['ratio']:.2f}x "
                      f"[{speedup['low']:.2f}, {speedup['high']:.2f}]")

@@ -54,7 +54,9 @@ time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 import time
 import warnings
 import weakref
@@ -64,7 +66,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine import sampling
+from kvlab.engine import aot, sampling
 from kvlab.engine.model import CausalLMOutput, MiniMindForCausalLM, StaticCache, apply_rope, generation_loop, rms_norm
 
 # A compiled step serves every cache length up to its own; lengths are rounded up to this multiple.
@@ -91,6 +93,10 @@ class StepPlan:
         per row of the weight), which inductor compiles into its own loops, fused with what comes
         after, instead of calling the BLAS library (compiled plans only). Attention's two products
         stay matrix products: as sums over a cache of hundreds of positions they measured slower.
+    aot: the step compiled ahead of time by AOTInductor (kvlab.engine.aot: exported, compiled into a
+        library kept on disk, called without Python in between), its cache length symbolic, so
+        every generation's cache is exactly its length; the greedy choice made inside the step
+        (mode "default" on a CPU only).
     """
 
     fused_qkv: bool = True
@@ -99,6 +105,7 @@ class StepPlan:
     compile_mode: str | None = "default"
     cpp_wrapper: bool = False
     rowwise_matmul: bool = False
+    aot: bool = False
 
     def __post_init__(self):
         if self.attention not in ATTENTIONS:
@@ -107,6 +114,8 @@ class StepPlan:
             raise ValueError("rowwise_matmul needs a compile_mode (run eagerly, it would materialise every product)")
         if self.cpp_wrapper and self.compile_mode != "default":
             raise ValueError(f"cpp_wrapper needs compile_mode 'default', got {self.compile_mode!r}")
+        if self.aot and self.compile_mode != "default":
+            raise ValueError(f"aot needs compile_mode 'default', got {self.compile_mode!r}")
 
 
 class Shape(NamedTuple):
@@ -371,6 +380,49 @@ def packed_step_logits(token_ids, position, padding_bias, packed, keys_t, values
     return step_logits(token_ids, position, padding_bias, unpack(packed, shape, plan), keys_t, values, shape, plan)
 
 
+class GreedyStep(torch.nn.Module):
+    """`packed_step_logits` as the module AOTInductor compiles: its inputs flat (token ids, position,
+    padding bias, temperature, the packed weights, each layer's keys, then each layer's values), its
+    outputs the logits (B, V) and the greedy choice (B, 1), `argmax(logits / temperature)`: MiniMind's
+    next token when it does not sample and no knob but the temperature is set
+    (kvlab.engine.sampling.plain_greedy)."""
+
+    def __init__(self, shape: Shape, plan: StepPlan):
+        super().__init__()
+        self.shape, self.plan = shape, plan
+
+    def forward(self, token_ids, position, padding_bias, temperature, packed, *cache):
+        layers = self.shape.layers
+        logits = packed_step_logits(token_ids, position, padding_bias, packed, list(cache[:layers]),
+                                    list(cache[layers:]), self.shape, self.plan)
+        return logits, torch.argmax(logits / temperature, dim=-1, keepdim=True)
+
+
+def aot_program(model: MiniMindForCausalLM, batch: int, shape: Shape, plan: StepPlan) -> aot.Program:
+    """The AOTInductor package of this architecture's step for `batch` rows (kvlab.engine.aot), its cache
+    length symbolic: exported on an example cache of 97 positions (a length no other size shares)."""
+    weight = model.lm_head.weight
+    example = 97
+
+    def export() -> torch.export.ExportedProgram:
+        config = model.config
+        kv_heads, head_dim = config.num_key_value_heads, config.head_dim
+        keys = [torch.zeros(batch, kv_heads, head_dim, example, dtype=weight.dtype) for _ in range(shape.layers)]
+        values = [torch.zeros(batch, kv_heads, example, head_dim, dtype=weight.dtype) for _ in range(shape.layers)]
+        packed = torch.zeros(sum(math.prod(size) for _, size in pack_layout(shape, plan)), dtype=weight.dtype)
+        inputs = (torch.zeros(batch, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                  torch.zeros(batch, example), torch.tensor(1.0), packed, *keys, *values)
+        length = torch.export.Dim("cache_length", min=2, max=max(3, shape.positions))
+        cache = (*[{3: length}] * shape.layers, *[{2: length}] * shape.layers)  # the varargs, as one tuple
+        dynamic = (None, None, {1: length}, None, None, cache)
+        return torch.export.export(GreedyStep(shape, plan), inputs, dynamic_shapes=dynamic)
+
+    from kvlab.engine import model as model_module
+
+    parts = ("decode step", tuple(shape), dataclasses.astuple(plan), batch, str(weight.dtype))
+    return aot.program(parts, (sys.modules[__name__], model_module), export)
+
+
 # --- the compiler ----------------------------------------------------------------------------------
 
 
@@ -435,30 +487,45 @@ class DecodeCache(StaticCache):
 
 class Decoder:
     """Everything one shape of generation needs, made once and reused by every generation of that
-    shape: the cache, the packed weights, the position, token and padding inputs, and the step.
+    shape: the packed weights, the position, token and padding inputs, the step, and the cache (with
+    a cache length fixed by the shape, or, for an `aot` plan, made for each generation's own length).
     It holds its model weakly (the model's Decoders go with the model).
 
-    `first_step_s` is the wall time of the first compiled step (compiling, or finding the compiled
-    code when another Decoder of the same shapes compiled it), kept apart from every timing;
-    `steps` counts the decode steps run."""
+    `compile_s` is the wall time of compiling (or loading) the step, kept apart from every timing: an
+    `aot` plan's when the Decoder is made, else the first compiled step's (compiling, or finding the
+    compiled code when another Decoder of the same shapes compiled it); `steps` counts the decode
+    steps run."""
 
-    def __init__(self, model: MiniMindForCausalLM, batch: int, cache_length: int, plan: StepPlan):
+    def __init__(self, model: MiniMindForCausalLM, batch: int, cache_length: int | None, plan: StepPlan):
         self._model = weakref.ref(model)
         self.batch, self.cache_length, self.plan = batch, cache_length, plan
-        self.first_step_s: float | None = None
+        self.compile_s: float | None = None
         self.steps = 0
-        config, weight = model.config, model.lm_head.weight
-        dtype, device = weight.dtype, weight.device
-        self.shape = shape_of(model, cache_length)
+        weight = model.lm_head.weight
+        self.dtype, self.device = weight.dtype, weight.device
+        self.shape = shape_of(model, cache_length or model.config.max_position_embeddings)
         self.weights = PackedWeights(model, self.shape, plan)
-        self.cache = DecodeCache(config, batch, cache_length, dtype, device)
-        self.token_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self.padding_bias = torch.zeros(batch, cache_length, dtype=torch.float32, device=device)
-        self.step_fn = None if plan.compile_mode is None else compiled_step(plan.compile_mode, plan.cpp_wrapper)
-        if self.step_fn is not None and device.type == "cuda":
+        self.cache: DecodeCache | None = None
+        self.padding_bias: torch.Tensor | None = None
+        self.token_ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        self.position = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.temperature = torch.ones((), device=self.device)
+        self._temperature = 1.0  # what `temperature` holds (read without a tensor access)
+        self.program = aot_program(model, batch, self.shape, plan) if plan.aot else None
+        if self.program is not None:
+            self.compile_s = self.program.compile_s
+        self.step_fn = None if plan.compile_mode is None or plan.aot else compiled_step(plan.compile_mode,
+                                                                                           plan.cpp_wrapper)
+        if cache_length is not None:
+            self._allocate(cache_length)
+
+    def _allocate(self, length: int) -> None:
+        """A cache and a padding bias of `length` positions (CUDA graphs replay them at fixed addresses)."""
+        self.cache = DecodeCache(self.model.config, self.batch, length, self.dtype, self.device)
+        self.padding_bias = torch.zeros(self.batch, length, dtype=torch.float32, device=self.device)
+        if self.step_fn is not None and self.device.type == "cuda":
             for tensor in self.step_tensors():
-                torch._dynamo.mark_static_address(tensor)  # CUDA graphs replay fixed addresses
+                torch._dynamo.mark_static_address(tensor)
 
     def step_inputs(self) -> tuple:
         """What the compiled step reads, in its order: four tensors, then per layer K and V."""
@@ -473,9 +540,12 @@ class Decoder:
     def model(self) -> MiniMindForCausalLM:
         return self._model()
 
-    def start(self, attention_mask: torch.Tensor | None) -> DecodeCache:
-        """Make the decoder ready for a new generation: the cache empty, the weights packed if they
-        changed, the prompt's padding (attention_mask (B, P), 0 at padding) in the padding bias."""
+    def start(self, attention_mask: torch.Tensor | None, needed: int) -> DecodeCache:
+        """Make the decoder ready for a new generation of `needed` positions: the cache empty (made anew
+        when an `aot` plan's length changes), the weights packed if they changed, the prompt's padding
+        (attention_mask (B, P), 0 at padding) in the padding bias."""
+        if self.cache_length is None and (self.cache is None or self.cache.max_tokens != needed):
+            self._allocate(needed)
         self.cache.length = 0
         self.weights.refresh()
         self.padding_bias.zero_()
@@ -485,36 +555,49 @@ class Decoder:
 
     def decode_step(self, input_ids, attention_mask, past_key_values, use_cache: bool, **knobs):
         """`MiniMindForCausalLM.decode_step`'s contract: the prompt goes through the model's eager modules
-        (into this decoder's cache); each later token through the static-shape step. Then the
-        eager next-token choice. Returns (outputs, (B, 1) ids)."""
+        (into this decoder's cache); each later token through the static-shape step. Then the next
+        ids (kvlab.engine.sampling.choose_next: an `aot` step's own greedy choice, or the eager
+        choice). Returns (outputs, (B, 1) ids)."""
+        greedy = None
         if self.cache.length == 0:
             logits = self._prefill(input_ids, attention_mask)
         else:
             self.position.fill_(self.cache.length)
             self.token_ids.copy_(input_ids[:, -1:])  # a view of input_ids has a new stride each step
-            logits = self.run_step()
+            logits, greedy = self.run_step(knobs["temperature"])
             self.cache.length += 1
-        next_token = sampling.next_token(logits, input_ids, **knobs)
+        next_token = sampling.choose_next(logits, input_ids, greedy, **knobs)
         return CausalLMOutput(logits=logits[:, None, :], past_key_values=self.cache), next_token
 
     def _prefill(self, input_ids, attention_mask) -> torch.Tensor:
-        """The prompt through the model's own eager forward into the cache; the last position's logits.
-        Every position's logits are computed, as MiniMind does, though only the last is read: the LM
-        head on one row would be another library kernel, with other roundings (some 1e-6 apart)."""
-        return self.model(input_ids, attention_mask, self.cache, use_cache=True).logits[:, -1, :]
+        """The prompt through the model's own eager modules into the cache; the last position's logits.
+        The LM head runs on that position alone (MiniMind computes every position's logits and reads
+        the last: a seventh of a prompt's arithmetic on the lab's model, for logits some 1e-6 apart,
+        another library kernel's roundings)."""
+        model = self.model
+        hidden, _ = model.model(input_ids, attention_mask, self.cache, use_cache=True)
+        return model.lm_head(hidden[:, -1, :])
 
-    def run_step(self) -> torch.Tensor:
-        """One decode step of `token_ids` at `position`: (B, V) logits, K and V written into the cache."""
-        if self.step_fn is None:
+    def run_step(self, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decode step of `token_ids` at `position`: (B, V) logits, K and V written into the cache;
+        and, from an `aot` step, its greedy choice at `temperature` (else None)."""
+        greedy = None
+        if self.program is not None:
+            if self._temperature != temperature:
+                self.temperature.fill_(temperature)
+                self._temperature = temperature
+            logits, greedy = self.program.run([self.token_ids, self.position, self.padding_bias, self.temperature,
+                                               self.weights.packed, *self.cache.keys_t, *self.cache.head_major_values])
+        elif self.step_fn is None:
             logits = step_logits(self.token_ids, self.position, self.padding_bias, self.weights.views, self.cache.keys_t,
                                  self.cache.head_major_values, self.shape, self.plan)
         else:
             logits = self._compiled_step()
         self.steps += 1
-        return logits
+        return logits, greedy
 
     def _compiled_step(self) -> torch.Tensor:
-        """The compiled step; the first one's wall time (its compiling) kept as first_step_s."""
+        """The compiled step; the first one's wall time (its compiling) kept as compile_s."""
         on_gpu = self.token_ids.device.type == "cuda"
         if on_gpu:
             torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last step's outputs may be reused
@@ -523,7 +606,7 @@ class Decoder:
         if self.steps == 0:
             if on_gpu:
                 torch.cuda.synchronize()
-            self.first_step_s = time.perf_counter() - start
+            self.compile_s = time.perf_counter() - start
         return logits
 
 
@@ -531,14 +614,15 @@ _DECODERS: "weakref.WeakKeyDictionary[MiniMindForCausalLM, dict]" = weakref.Weak
 
 
 def decoders_of(model: MiniMindForCausalLM) -> dict:
-    """The model's Decoders, keyed by (batch, cache length, dtype, device, plan)."""
+    """The model's Decoders, keyed by (batch, cache length (None: every length), dtype, device, plan)."""
     return _DECODERS.setdefault(model, {})
 
 
 def decoder_for(model: MiniMindForCausalLM, batch: int, needed: int, plan: StepPlan) -> Decoder:
-    """The Decoder of this shape, made on first use. `needed`: the positions the generation fills."""
+    """The Decoder of this shape, made on first use. `needed`: the positions the generation fills; an
+    `aot` plan's Decoder serves every length, another's the lengths of its bucket."""
     weight = model.lm_head.weight
-    length = bucket_length(needed, model.config.max_position_embeddings)
+    length = None if plan.aot else bucket_length(needed, model.config.max_position_embeddings)
     key = (batch, length, weight.dtype, weight.device, plan)
     found = decoders_of(model)
     if key not in found:
@@ -547,13 +631,14 @@ def decoder_for(model: MiniMindForCausalLM, batch: int, needed: int, plan: StepP
 
 
 def default_plan(device) -> StepPlan:
-    """What `generate` runs by default: every fusion, compiled. On a CPU the matrix products
-    are written row by row, so that inductor fuses the whole step into its own C++ loops, called from
-    C++ (no library call, no Python between kernels); on a GPU, cuBLAS's products and CUDA graphs
-    (mode "reduce-overhead": the step replayed as one launch)."""
+    """What `generate` runs by default: every fusion, compiled. On a CPU the matrix products are
+    written row by row, so that inductor fuses the whole step into its own C++ loops, compiled ahead
+    of time (`aot`: no Python between the step and the loop, a cache exactly the generation's length,
+    the greedy choice inside); on a GPU, cuBLAS's products and CUDA graphs (mode "reduce-overhead":
+    the step replayed as one launch)."""
     if torch.device(device).type == "cuda":
         return StepPlan(compile_mode="reduce-overhead")
-    return StepPlan(rowwise_matmul=True, cpp_wrapper=True)
+    return StepPlan(rowwise_matmul=True, aot=True)
 
 
 NO_COMPILER = ("kvlab.engine.fast.generate: no C++ compiler found (torch.compile needs one on a CPU; "
@@ -571,7 +656,7 @@ def decoding(model: MiniMindForCausalLM, input_ids: torch.Tensor, attention_mask
         cache = StaticCache(model.config, input_ids.shape[0], needed, model.lm_head.weight.dtype, device)
         return model.decode_step, cache
     decoder = decoder_for(model, input_ids.shape[0], needed, plan)
-    return decoder.decode_step, decoder.start(attention_mask)
+    return decoder.decode_step, decoder.start(attention_mask, needed)
 
 
 @torch.inference_mode()

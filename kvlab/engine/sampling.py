@@ -102,3 +102,20 @@ def pick_next_token(logits: torch.Tensor, do_sample: bool, generator: torch.Gene
     if do_sample:
         return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
     return torch.argmax(logits, dim=-1, keepdim=True)
+
+
+def plain_greedy(temperature: float, top_k: int, top_p: float, repetition_penalty: float, do_sample: bool) -> bool:
+    """Whether `next_token` under these knobs is `argmax(logits / temperature)`: no draw, no repetition
+    penalty, top-k and top-p off (each keeps the largest logit, but at a tie top-p could keep another),
+    a temperature above 0. A compiled step makes that choice itself (kvlab.engine.fast)."""
+    return not do_sample and repetition_penalty == 1.0 and top_k <= 0 and top_p >= 1.0 and temperature > 0
+
+
+def choose_next(logits: torch.Tensor, seen_ids: torch.Tensor | None, greedy: torch.Tensor | None = None,
+                **knobs) -> torch.Tensor:
+    """A generation step's next ids (batch, 1) from its last logits: `greedy`, the step's own
+    `argmax(logits / temperature)` when it made one and the knobs are `plain_greedy`, else
+    `next_token`'s choice. The one call every generation step makes (the model's and the compiled)."""
+    if greedy is not None and plain_greedy(**knobs):
+        return greedy
+    return next_token(logits, seen_ids, **knobs)

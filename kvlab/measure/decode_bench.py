@@ -12,8 +12,13 @@ compiling (its first generation of each length), are kept out of the timings and
 The **arithmetic limit**: the multiply-adds a generation needs (every matrix product of the model,
 attention over the tokens each position sees; `generation_flops`) per new token, over the rate at
 which this core multiplies matrices (a large float product timed in the same call on the thread's
-CPU clock, `matmul_rate`). No path can beat it; the ratio of a path's time to it says how much of a step is
-something else (operator calls, memory traffic) rather than arithmetic.
+CPU clock, `matmul_rate`). The **read floor**: the bytes a generation reads (every weight once a
+step, the prompt's step included, and the cache each position attends over; `generation_bytes`) per
+new token, over the rate at which this core reads a buffer as large as what one step reads
+(`read_rate`: a sum over it, on the thread's CPU clock; it sits where the weights sit between steps,
+in the caches for the lab's model). No path can beat either; a path's time as a multiple of each
+says how much of a step is arithmetic, how much reading, and how much neither (operator calls, the
+interpreter, waiting).
 """
 
 from __future__ import annotations
@@ -61,6 +66,49 @@ def generation_flops(config, prompt_len: int, new_tokens: int) -> int:
     prefill = sum(token_flops(config, position + 1) for position in range(prompt_len))
     decode = sum(token_flops(config, prompt_len + step + 1) for step in range(new_tokens - 1))
     return prefill + decode
+
+
+def token_bytes(config, context: int, element_size: int) -> int:
+    """Bytes one decode step reads: every weight once (the layers, the final norm, the LM head; of the
+    embedding, its token's row unless it is the LM head too) and the K and V of the `context` positions
+    it attends over."""
+    hidden, head_dim, inner = config.hidden_size, config.head_dim, config.intermediate_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inner + 2 * hidden
+    if config.qk_norm:
+        per_layer += 2 * head_dim
+    weights = config.num_hidden_layers * per_layer + hidden + hidden * config.vocab_size
+    if not config.tie_word_embeddings:
+        weights += hidden
+    cache = 2 * config.num_hidden_layers * context * kv_heads * head_dim
+    return (weights + cache) * element_size
+
+
+def generation_bytes(config, prompt_len: int, new_tokens: int, element_size: int) -> int:
+    """What a cached generation of `new_tokens` after `prompt_len` reads: the prefill reads the weights
+    once for all its positions and the prompt's K and V, then one step per further token."""
+    prefill = token_bytes(config, prompt_len, element_size)
+    decode = sum(token_bytes(config, prompt_len + step + 1, element_size) for step in range(new_tokens - 1))
+    return prefill + decode
+
+
+def read_rate(nbytes: int, dtype, device, repeats: int, max_seconds: float) -> dict:
+    """This core's read rate over a buffer of `nbytes` (a step's reading: `token_bytes`): a sum over it
+    timed like every timing here, on the thread's CPU clock on a CPU. Returns the timing's summary and
+    the rate in GB/s at its median and quartiles."""
+    buffer = torch.ones(max(1, nbytes // torch.empty((), dtype=dtype).element_size()), dtype=dtype, device=device)
+
+    def read():
+        buffer.sum()
+        steps.sync(device)
+
+    for _ in range(3):
+        read()
+    clock = time.thread_time if torch.device(device).type == "cpu" else time.perf_counter
+    summary = timing.summary(timing.repeat(read, repeats, max_seconds, clock=clock))
+    size = buffer.numel() * buffer.element_size()
+    return {"bytes": size, "timing": summary, "gb_per_s": size / summary["median_s"] / 1e9,
+            "gb_per_s_low": size / summary["q3_s"] / 1e9, "gb_per_s_high": size / summary["q1_s"] / 1e9}
 
 
 def matmul_rate(dtype, device, repeats: int, max_seconds: float) -> dict:
@@ -135,8 +183,8 @@ def first_generations(model, generators: dict, prompt, lengths, plans: dict, dev
             if name in plans:
                 needed = prompt.shape[1] + n - 1
                 decoder = fast.decoder_for(model, prompt.shape[0], needed, plans[name])
-                entry["compile_s"] = decoder.first_step_s if plans[name].compile_mode else None
-                entry["cache_length"] = decoder.cache_length
+                entry["compile_s"] = decoder.compile_s if plans[name].compile_mode else None
+                entry["cache_length"] = decoder.cache.max_tokens
             first[(name, n)] = entry
     return first
 
@@ -172,7 +220,7 @@ def timed_rounds(generators: dict, prompt, lengths, warmup: int, runs: int, max_
 
 
 def _row(name: str, n: int, seconds: list[float], cpu_seconds: list[float], first: dict, cat_ids: list[int],
-         limit_ms: float) -> dict:
+         limit: dict) -> dict:
     per_token = timing.summary([s / n for s in seconds])
     ms = per_token["median_s"] * 1e3
     # kvlab.facts.timing's rule on the thread's own clock: the runs a neighbour took the core from
@@ -183,7 +231,8 @@ def _row(name: str, n: int, seconds: list[float], cpu_seconds: list[float], firs
             "contended_runs": waited, "contended": waited >= timing.CONTENDED_RUNS_SHARE,
             "same_tokens_as_cat": first["new_ids"] == cat_ids,
             "compile_s": first.get("compile_s"), "first_generation_s": first["first_generation_s"],
-            "cache_length": first.get("cache_length"), "times_limit": ms / limit_ms, "samples_s": seconds}
+            "cache_length": first.get("cache_length"), "times_limit": ms / limit["limit_ms_per_token"],
+            "times_floor": ms / limit["floor_ms_per_token"], "samples_s": seconds}
 
 
 def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int = 3, warmup: int = 1,
@@ -199,8 +248,10 @@ def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int 
 
     Returns {"rows": one per path and length (ms_per_token with q1_ms, q3_ms, iqr_share, unstable,
     n; cpu_ms_per_token, the median CPU time of the same runs; same_tokens_as_cat; compile_s and
-    cache_length for compiled paths; times_limit; samples_s),
-    "limit": the arithmetic limit per length and the matrix-product rate it rests on,
+    cache_length for compiled paths; times_limit, times_floor: multiples of the arithmetic limit and of
+    the read floor; samples_s),
+    "limit": the arithmetic limit and the read floor per length, the matrix-product and read rates
+    they rest on,
     "speedups": cat / compiled and minimind / compiled per length with their intervals,
     "prompt_len", "new_tokens", "process" (CPU over wall time, involuntary context switches), and
     the timing context}."""
@@ -217,18 +268,21 @@ def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int 
     try:
         generators = path_generators(model, minimind_model, plan, extra_plans or {})
         first = first_generations(model, generators, prompt, lengths, plans, device)
-        rate = matmul_rate(model.lm_head.weight.dtype, device, repeats=20, max_seconds=2.0)
+        weight = model.lm_head.weight
+        rate = matmul_rate(weight.dtype, device, repeats=20, max_seconds=2.0)
+        reading = read_rate(token_bytes(model.config, prompt.shape[1] + max(lengths), weight.element_size()),
+                            weight.dtype, device, repeats=20, max_seconds=2.0)
         samples, cpu_samples = timed_rounds(generators, prompt, lengths, warmup, runs, max_seconds, device)
         context = timing_context(device)
     finally:
         steps.use_threads(kept_threads)
     usage_after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall_before
-    limit = {n: _limit(model.config, prompt.shape[1], n, rate) for n in lengths}
+    limit = {n: _limit(model.config, prompt.shape[1], n, rate, reading, weight.element_size()) for n in lengths}
     rows = [_row(name, n, samples[(name, n)], cpu_samples[(name, n)], first[(name, n)], first[("cat", n)]["new_ids"],
-                 limit[n]["limit_ms_per_token"]) for n in lengths for name in generators]
+                 limit[n]) for n in lengths for name in generators]
     cpu = (usage_after.ru_utime + usage_after.ru_stime) - (usage_before.ru_utime + usage_before.ru_stime)
     return {"rows": rows, "paths": list(generators), "prompt_len": prompt.shape[1], "new_tokens": lengths,
-            "limit": {"matmul": rate, "per_length": [limit[n] for n in lengths]},
+            "limit": {"matmul": rate, "read": reading, "per_length": [limit[n] for n in lengths]},
             "speedups": _speedups(rows, lengths), "plan": _plan_dict(plan),
             "extra_plans": {name: _plan_dict(p) for name, p in (extra_plans or {}).items()},
             "process": {"wall_s": wall, "cpu_s": cpu, "cpu_over_wall": cpu / wall,
@@ -287,7 +341,9 @@ def compiled_plan(device, compile_mode: str | None) -> fast.StepPlan:
     plan = fast.default_plan(device)
     if compile_mode is None:
         return plan
-    return dataclasses.replace(plan, compile_mode=compile_mode, cpp_wrapper=plan.cpp_wrapper and compile_mode == "default")
+    default = compile_mode == "default"
+    return dataclasses.replace(plan, compile_mode=compile_mode, cpp_wrapper=plan.cpp_wrapper and default,
+                               aot=plan.aot and default)
 
 
 def _checked_lengths(new_tokens) -> list[int]:
@@ -297,9 +353,12 @@ def _checked_lengths(new_tokens) -> list[int]:
     return lengths
 
 
-def _limit(config, prompt_len: int, n: int, rate: dict) -> dict:
+def _limit(config, prompt_len: int, n: int, rate: dict, reading: dict, element_size: int) -> dict:
+    """Per new token at length `n`: the arithmetic limit and the read floor, in ms."""
     flops = generation_flops(config, prompt_len, n) / n
-    return {"new_tokens": n, "flops_per_token": flops, "limit_ms_per_token": flops / (rate["gflops"] * 1e9) * 1e3}
+    nbytes = generation_bytes(config, prompt_len, n, element_size) / n
+    return {"new_tokens": n, "flops_per_token": flops, "limit_ms_per_token": flops / (rate["gflops"] * 1e9) * 1e3,
+            "bytes_per_token": nbytes, "floor_ms_per_token": nbytes / (reading["gb_per_s"] * 1e9) * 1e3}
 
 
 def _speedups(rows: list[dict], lengths) -> list[dict]:

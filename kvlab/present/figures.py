@@ -145,6 +145,7 @@ LABELS = {
     "path_compiled": N_("preallocated cache, compiled step"),
     "path_minimind": N_("MiniMind's own generate"),
     "arithmetic_limit": N_("this core's arithmetic limit (FLOPs / measured GFLOP/s)"),
+    "read_floor": N_("this core's read floor (bytes a step reads / measured GB/s)"),
 }
 
 
@@ -630,7 +631,8 @@ DECODE_STYLES = {"cat": (WITH_CACHE_COLOR, "o"), "static": ("tab:green", "s"), "
 
 def decode_bench(rows: list[dict], path, language: str = "en") -> None:
     """ms per new token of each path at each length (decode_bench.csv), on a log axis, with the core's
-    arithmetic limit beneath: how far each path is from what its arithmetic needs."""
+    arithmetic limit and read floor beneath: how far each path is from what its arithmetic and its
+    reading of the weights need."""
     lengths = sorted({row["new_tokens"] for row in rows})
     with drawing(language) as text:
         fig, ax = plt.subplots(figsize=(8, 5.6))
@@ -646,6 +648,10 @@ def decode_bench(rows: list[dict], path, language: str = "en") -> None:
         limit = sorted(((row["new_tokens"], row["ms_per_token"] / row["times_limit"]) for row in rows
                         if row["path"] == "cat"))
         ax.plot([n for n, _ in limit], [ms for _, ms in limit], "k:", label=text("arithmetic_limit"))
+        floor = sorted(((row["new_tokens"], row["ms_per_token"] / row["times_floor"]) for row in rows
+                        if row["path"] == "cat" and row.get("times_floor")))
+        if floor:
+            ax.plot([n for n, _ in floor], [ms for _, ms in floor], "k--", label=text("read_floor"))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
