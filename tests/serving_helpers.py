@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvlab.engine.sampling import GREEDY  # noqa: F401 (the serving tests' greedy knobs)
 from kvlab.serving import ServingConfig, ServingEngine, generate_alone
 
 from helpers import random_model
@@ -20,7 +21,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-GREEDY = dict(do_sample=False, top_k=0, top_p=1.0)
 VOCAB = 300
 
 

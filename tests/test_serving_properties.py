@@ -67,3 +67,16 @@ def test_the_tightest_pool_still_serves_a_trace(policy):
     assert_pool_empty(engine)
     if policy == "continuous":
         assert result.stats.preemptions > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt_len=st.integers(1, 300), n=st.integers(1, 4), num_blocks=st.integers(1, 80),
+       block_size=st.sampled_from([1, 4, 16]))
+def test_the_pool_room_is_request_blocks_solved_for_max_tokens(prompt_len, n, num_blocks, block_size):
+    """kvlab serve's default max_tokens (the pool's room) is the most the engine admits, and one more
+    does not fit: the pool arithmetic's one home, kvlab.facts.formulas, both ways."""
+    config = ServingConfig(num_blocks=num_blocks, block_size=block_size)
+    room = config.room(prompt_len, n)
+    if room >= 1:
+        assert config.blocks_for(prompt_len, room, n) <= num_blocks
+    assert config.blocks_for(prompt_len, max(room, 0) + 1, n) > num_blocks  # one more token does not fit

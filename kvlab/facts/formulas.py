@@ -41,6 +41,13 @@ def request_blocks(prompt_len: int, max_tokens: int, n: int, block_size: int) ->
     return shared + n * (-(-most // block_size) - shared)
 
 
+def pool_room(prompt_len: int, n: int, num_blocks: int, block_size: int) -> int:
+    """The most new tokens a request of `prompt_len` tokens and n samples may ask of a pool of
+    `num_blocks`: `request_blocks` solved for max_tokens (0 or less: its prompt alone does not fit)."""
+    shared = prompt_len // block_size if n > 1 else 0
+    return block_size * (shared + (num_blocks - shared) // n) - prompt_len + 1
+
+
 def fits_column(budget_gib: float) -> str:
     """kv_waste.csv's column of the requests that fit in a budget: 24 -> "fits_24gib"."""
     return f"fits_{budget_gib:g}gib"

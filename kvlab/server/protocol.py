@@ -158,10 +158,7 @@ def chat_prompt(request: ChatRequest, tokenizer) -> list[int]:
 def room(prompt_len: int, n: int, limits: Limits) -> int:
     """The most new tokens a request can ask for: what the model's positions and the pool hold (the
     engine's own check, ServingEngine.check_request, solved for max_tokens)."""
-    size, blocks = limits.serving.block_size, limits.serving.num_blocks
-    shared = prompt_len // size if n > 1 else 0
-    pool_positions = size * (shared + (blocks - shared) // n)
-    return min(limits.max_positions, pool_positions) - prompt_len + 1
+    return min(limits.max_positions - prompt_len + 1, limits.serving.room(prompt_len, n))
 
 
 def sampling_params(request: Sampled, prompt: list[int], limits: Limits, max_tokens: int | None) -> SamplingParams:

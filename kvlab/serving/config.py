@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlab.facts.formulas import pool_room, request_blocks
+
 POLICIES = ("continuous", "static")
 MATMULS = ("per_request", "fused")
 
@@ -56,11 +58,12 @@ class ServingConfig:
             raise ValueError(f"ServingConfig.matmuls must be one of {', '.join(MATMULS)}, got {self.matmuls!r}")
 
     def blocks_for(self, prompt_len: int, max_tokens: int, n: int = 1) -> int:
-        """The most blocks one request holds: every position but the last new token's, in whole blocks,
-        each of n samples in its own but the prompt's full blocks, which they share."""
-        most = prompt_len + max_tokens - 1
-        shared = prompt_len // self.block_size if n > 1 else 0
-        return shared + n * (-(-most // self.block_size) - shared)
+        """The most blocks one request holds (kvlab.facts.formulas.request_blocks)."""
+        return request_blocks(prompt_len, max_tokens, n, self.block_size)
+
+    def room(self, prompt_len: int, n: int = 1) -> int:
+        """The most new tokens a request may ask of the pool (kvlab.facts.formulas.pool_room)."""
+        return pool_room(prompt_len, n, self.num_blocks, self.block_size)
 
     def check_request(self, prompt_len: int, max_tokens: int, n: int) -> None:
         """Refuse, naming the knob, a request these knobs could never serve."""
