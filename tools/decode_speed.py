@@ -94,6 +94,9 @@ def table(result: dict) -> str:
         lines.append(f"limit at {limit['new_tokens']} new tokens: {limit['flops_per_token'] / 1e6:.2f} MFLOP/token, "
                      f"{limit['limit_ms_per_token']:.4f} ms/token; floor {limit['bytes_per_token'] / 1e6:.2f} "
                      f"MB/token, {limit['floor_ms_per_token']:.4f} ms/token")
+    for split in result.get("splits", []):
+        lines.append(f"{split['path']} at {split['new_tokens']}: prefill {split['prefill_ms']:.2f} ms, decode "
+                     f"{split['decode_ms_per_token']:.4f} ms/token")
     for speedup in result["speedups"]:
         lines.append(f"{speedup['slow']} / {speedup['fast']} at {speedup['new_tokens']}: {speedup['ratio']:.2f}x "
                      f"[{speedup['low']:.2f}, {speedup['high']:.2f}]")

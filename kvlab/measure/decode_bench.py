@@ -253,6 +253,7 @@ def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int 
     "limit": the arithmetic limit and the read floor per length, the matrix-product and read rates
     they rest on,
     "speedups": cat / compiled and minimind / compiled per length with their intervals,
+    "splits": with 1 among the lengths, each path's prefill and decode ms per token at the others,
     "prompt_len", "new_tokens", "process" (CPU over wall time, involuntary context switches), and
     the timing context}."""
     lengths = _checked_lengths(new_tokens)
@@ -283,7 +284,7 @@ def decode_bench(model, prompt_ids: list[int], new_tokens=(64, 1024), runs: int 
     cpu = (usage_after.ru_utime + usage_after.ru_stime) - (usage_before.ru_utime + usage_before.ru_stime)
     return {"rows": rows, "paths": list(generators), "prompt_len": prompt.shape[1], "new_tokens": lengths,
             "limit": {"matmul": rate, "read": reading, "per_length": [limit[n] for n in lengths]},
-            "speedups": _speedups(rows, lengths), "plan": _plan_dict(plan),
+            "speedups": _speedups(rows, lengths), "splits": _splits(rows, lengths), "plan": _plan_dict(plan),
             "extra_plans": {name: _plan_dict(p) for name, p in (extra_plans or {}).items()},
             "process": {"wall_s": wall, "cpu_s": cpu, "cpu_over_wall": cpu / wall,
                         "involuntary_switches": usage_after.ru_nivcsw - usage_before.ru_nivcsw},
@@ -372,6 +373,21 @@ def _speedups(rows: list[dict], lengths) -> list[dict]:
             if (slow, n) in by:
                 out.append({"new_tokens": n, "slow": slow, "fast": "compiled",
                             **timing.ratio_interval(_as_summary(by[(slow, n)]), fast_row)})
+    return out
+
+
+def _splits(rows: list[dict], lengths) -> list[dict]:
+    """With 1 among the lengths, each path's prefill (a one-token generation, its median) and its
+    decode: ms per further token, from the medians of a longer generation and the one-token one."""
+    if 1 not in lengths:
+        return []
+    by = {(row["path"], row["new_tokens"]): row for row in rows}
+    out = []
+    for (path, n), row in by.items():
+        if n > 1:
+            prefill = by[(path, 1)]["ms_per_token"]
+            out.append({"path": path, "new_tokens": n, "prefill_ms": prefill,
+                        "decode_ms_per_token": (row["ms_per_token"] * n - prefill) / (n - 1)})
     return out
 
 

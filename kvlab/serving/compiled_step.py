@@ -13,7 +13,7 @@ and 1 are special to dynamo (it would compile them apart): a step of one row get
 writes the pool's scratch block (kvlab.serving.block_pool), and one that wants one row's logits
 computes a second's.
 
-Inside (`step_logits`): the packed weights (kvlab.engine.fast.PackedWeights: q/k/v and gate/up each
+Inside (`step_logits`): the packed weights (kvlab.engine.step.PackedWeights: q/k/v and gate/up each
 one product), each row's token at its own position (RoPE rows gathered per row), its K and V written
 into its slot of the pool, attention over the blocks its table holds
 (kvlab.serving.paged_attention.block_attention: the work is per (row, block) pair, so a row reads
@@ -38,13 +38,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine import fast
+from kvlab.engine import fast, step
 from kvlab.engine.model import MiniMindForCausalLM, rms_norm
 from kvlab.serving.block_pool import BlockPool
 from kvlab.serving.paged_attention import block_attention
 
 # The step's plan: every fusion, the weight products by the BLAS library (a batch of rows).
-PLAN = fast.StepPlan(fused_qkv=True, fused_gate_up=True, attention="grouped", compile_mode="default",
+PLAN = step.StepPlan(fused_qkv=True, fused_gate_up=True, attention="grouped", compile_mode="default",
                      cpp_wrapper=True, rowwise_matmul=False)
 MIN_SIZE = 2  # dynamo compiles sizes 0 and 1 apart: every symbolic size is padded to 2
 NO_COMPILER = ("ServingConfig.compile: no C++ compiler found (torch.compile needs one on a CPU; install g++ or "
@@ -104,8 +104,8 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
     return StepRows(*(tensor.to(device) for tensor in rows.tensors()))
 
 
-def step_logits(rows: StepRows, weights: fast.ModelWeights, pool_keys: list[torch.Tensor],
-                pool_values: list[torch.Tensor], shape: fast.Shape) -> torch.Tensor:
+def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torch.Tensor],
+                pool_values: list[torch.Tensor], shape: step.Shape) -> torch.Tensor:
     """Every row's token at its position through the model: its K and V written into each layer's pool
     (num_blocks, bs, KV, D) at its slot, attention over positions 0 .. its position through its
     blocks. Returns the logits (R, V) of the `logit_rows`."""
@@ -115,22 +115,22 @@ def step_logits(rows: StepRows, weights: fast.ModelWeights, pool_keys: list[torc
     hidden = F.embedding(rows.token_ids[:, None], weights.embed)  # (N, 1, C)
     for index, layer in enumerate(weights.layers):
         normed = rms_norm(hidden, layer.input_norm, shape.eps)
-        q, k, v = fast.project_qkv(normed, layer, shape, cos, sin, PLAN)  # (N, 1, H or KV, D)
+        q, k, v = step.project_qkv(normed, layer, shape, cos, sin, PLAN)  # (N, 1, H or KV, D)
         pool_keys[index].index_put_((blocks, offsets), k[:, 0])
         pool_values[index].index_put_((blocks, offsets), v[:, 0])
         attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
                                    rows.pair_blocks, rows.pair_starts)
-        hidden = fast.linear(attended, layer.o, PLAN) + hidden
-        hidden = hidden + fast.mlp(rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
+        hidden = step.linear(attended, layer.o, PLAN) + hidden
+        hidden = hidden + step.mlp(rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
     last = rms_norm(hidden[rows.logit_rows, 0], weights.final_norm, shape.eps)  # (R, C)
-    return fast.linear(last, weights.lm_head, PLAN)
+    return step.linear(last, weights.lm_head, PLAN)
 
 
 def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, packed,
-                       pool_keys, pool_values, shape: fast.Shape) -> torch.Tensor:
+                       pool_keys, pool_values, shape: step.Shape) -> torch.Tensor:
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty)."""
     rows = StepRows(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows)
-    return step_logits(rows, fast.unpack(packed, shape, PLAN), pool_keys, pool_values, shape)
+    return step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape)
 
 
 _COMPILED = None
@@ -158,8 +158,8 @@ class CompiledStep:
 
     def __init__(self, model: MiniMindForCausalLM, pool: BlockPool, compile: bool = True):
         self.pool = pool
-        self.shape = fast.shape_of(model, model.config.max_position_embeddings)
-        self.weights = fast.PackedWeights(model, self.shape, PLAN)
+        self.shape = step.shape_of(model, model.config.max_position_embeddings)
+        self.weights = step.PackedWeights(model, self.shape, PLAN)
         self.device = model.lm_head.weight.device
         self.compiled = compile and self._compiler_found()
         self.compile_s = 0.0

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from kvlab.engine.fast import stored
+from kvlab.engine.step import stored
 from kvlab.engine.model import apply_rope, attention
 
 
