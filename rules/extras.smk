@@ -1,5 +1,7 @@
-# Beyond the lab sheet: the lab's measurements as curves, a step opened, the cache as serving
-# capacity, and a self-check of a results folder. Knobs: config["extras"].
+# Beyond the lab sheet: the lab's measurements as curves (sweep, latency, topp_curve, temp_curve), a
+# step opened (step_anatomy), decoding path against path (decode_bench, only when asked for), the
+# cache as serving capacity (kv_capacity), and a self-check of a results folder (check).
+# Knobs: config["extras"].
 from kvlab.facts.sheet import HANDED_IN
 from kvlab.grade.classroom import submitted_files
 
