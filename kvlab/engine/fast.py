@@ -75,7 +75,8 @@ def aot_program(model: MiniMindForCausalLM, batch: int, shape: Shape, plan: Step
         dynamic = (None, None, {1: length}, None, None, cache)
         return torch.export.export(GreedyStep(shape, plan), inputs, dynamic_shapes=dynamic)
 
-    parts = ("decode step", tuple(shape), dataclasses.astuple(plan), batch, str(weight.dtype))
+    # the thread count too: inductor writes its parallel loops for the count it compiles with
+    parts = ("decode step", tuple(shape), dataclasses.astuple(plan), batch, str(weight.dtype), torch.get_num_threads())
     return aot.program(parts, (step_module, model_module), export)
 
 
