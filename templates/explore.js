@@ -369,9 +369,10 @@
                   "stroke-dasharray": "4 3" });
     add("text", { x: width - right - 4, y: y(Math.min(p, 1)) - 4, "text-anchor": "end", style: "fill:#d62728" }, `p = ${decimal(p, 2)}`);
     add("line", { x1: x(Math.max(kept, 1)), x2: x(Math.max(kept, 1)), y1: top, y2: y(0), stroke: "#1f77b4" });
+    add("text", { x: x(Math.max(kept, 1)) + 4, y: y(0.25), style: "fill:#1f77b4" }, integer(kept));
     add("text", { x: (left + width - right) / 2, y: height - 6, "text-anchor": "middle" }, labels.rank_axis);
     const middle = top + (height - top - bottom) / 2;
-    add("text", { x: 10, y: middle, "text-anchor": "middle", transform: `rotate(-90 10 ${middle})` }, labels.cumulative_axis);
+    add("text", { x: 14, y: middle, "text-anchor": "middle", transform: `rotate(-90 14 ${middle})` }, labels.cumulative_axis);
   }
 
   function drawSampling() {
@@ -413,8 +414,9 @@
     for (const entry of sampling.answers) {
       const column = element("div", { "data-temperature": entry.temperature });
       const heading = element("h4", {}, `T = ${entry.temperature}: `);
-      heading.appendChild(element("output", { class: "distinct" }, integer(entry.groups.length)));
-      heading.appendChild(document.createTextNode(` / ${integer(entry.samples)} (temp.json: ${integer(entry.distinct)}) `));
+      heading.appendChild(compose("distinct_of", { distinct: element("output", { class: "distinct" }, integer(entry.groups.length)),
+                                                   samples: integer(entry.samples) }));
+      heading.appendChild(document.createTextNode(` (temp.json: ${integer(entry.distinct)}) `));
       verdict(heading.appendChild(element("span")), entry.groups.length === entry.distinct);
       column.appendChild(heading);
       const list = element("ol");

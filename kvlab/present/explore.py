@@ -58,12 +58,13 @@ LABELS = {
     "cumulative_axis": N_("cumulative probability"),
     "cut_note": N_("The candidate that crosses p stays; every one after it is cut."),
     "bars_more": N_("The other {more} candidates are not drawn."),
-    "fed_axis": N_("tokens fed to forward so far"),
+    "fed_axis": N_("tokens fed so far"),
     "time_axis": N_("time so far (ms)"),
     "step_axis": N_("step"),
     "in_budget": N_("fits"),
     "over_budget": N_("does not fit"),
     "empty_answer": N_("(empty answer)"),
+    "distinct_of": N_("{distinct} distinct answers of {samples}"),
 }
 
 
