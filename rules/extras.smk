@@ -177,6 +177,31 @@ rule temp_curve:
         "../scripts/temp_curve.py"
 
 
+# What the lab's page (rule explore, rules/report.smk) needs beside the lab's results: step 1's generation
+# opened step by step in both modes (tokens fed, K/V rows computed per layer, the cache held) and the
+# next-token logits after step 6's two prefixes (kvlab.measure.explore). Its steps' times are latency's.
+rule explore_steps:
+    input:
+        **inputs("tokenizer", "pretrain", "prompt"),
+    output:
+        explore_steps=RESULTS["explore_steps"].path,
+    log:
+        "results/logs/explore_steps.log",
+    benchmark:
+        "results/benchmarks/explore_steps.tsv"
+    threads: 1
+    resources:
+        **model_job("pretrain"),
+    params:
+        **model_params(),
+        new_tokens=config["lab"]["same"]["new_tokens"],
+        prefix=config["lab"]["topp"]["prefix"],
+        sharp_prefix=config["lab"]["topp"]["sharp_prefix"],
+        bars=EXTRAS["explore"]["bars"],
+    script:
+        "../scripts/explore_steps.py"
+
+
 # `check` grades the lab sheet's files (kvlab.facts.sheet) in the folder extras.check.results_dir
 # names. The default, "results", makes it wait for this build and hold each file to its shape and its
 # own numbers (the build's results are the answer key: holding them to themselves proves nothing);

@@ -1,6 +1,6 @@
 # Step 7: the lab's two reports, rendered from the result files (the sheet's, and what lies beyond it), both
 # as one HTML page, and the sheet's results as HTML tables.
-from kvlab.facts.results import REPORT_TEMPLATES
+from kvlab.facts.results import EXPLORE_READS, EXPLORE_TEMPLATE, REPORT_TEMPLATES
 from kvlab.facts.sheet import LAB_RESULTS
 
 # Every template of the reports: a section changed reruns both (they share their pieces).
@@ -73,3 +73,28 @@ rule lab_tables:
         language=config["report"]["language"],
     script:
         "../scripts/lab_tables.py"
+
+
+# The lab as a page a student plays with, one self-contained file (its data, script, style and Hangul font
+# inline; no request leaves it): step 1's generation step by step with and without the cache, temperature
+# and top-p on the model's own next-token logits, the cache against a memory budget
+# (kvlab.present.explore).
+rule explore:
+    input:
+        **inputs(*EXPLORE_READS),
+        template=workflow_file(EXPLORE_TEMPLATE),
+        script=workflow_file(EXPLORE_TEMPLATE.replace(".html.j2", ".js")),
+        style=workflow_file(EXPLORE_TEMPLATE.replace(".html.j2", ".css")),
+    output:
+        explore=reported("explore"),
+    log:
+        "results/logs/explore.log",
+    benchmark:
+        "results/benchmarks/explore.tsv"
+    threads: 1
+    resources:
+        **LIGHT_JOB,
+    params:
+        language=config["report"]["language"],
+    script:
+        "../scripts/explore.py"

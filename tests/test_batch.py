@@ -253,7 +253,7 @@ def test_changing_the_batch_sizes_reruns_only_batch_and_its_readers(course_build
     config["extras"] = {**config["extras"], "batch": {**config["extras"]["batch"], "sizes": [1, 3]}}
     # check grades the report too
     assert dry_run_jobs(course_build, config=config) == {"batch": 1, "figure_batch": 1, "report": 1, "beyond": 1,
-                                                         "lab_report": 1, "check": 1, "all": 1}
+                                                         "lab_report": 1, "explore": 1, "check": 1, "all": 1}
 
 
 def test_batch_alone_runs_only_its_ancestors(tmp_path, course):

@@ -175,7 +175,7 @@ def test_html_report_holds_every_marked_result(html_report):
     for name in ("same.json", "count.json", "time.json", "kvbytes.json", "temp.json", "topp.json",
                  "report.md", "beyond.md", "lab_report.html", "sweep.csv", "latency.json", "kv_capacity.csv", "topp_curve.csv",
                  "temp_curve.csv", "cost_curves.png", "step_times.png", "topp_survivors.png",
-                 "temperature_effect.png", "lab_tables.html"):
+                 "temperature_effect.png", "lab_tables.html", "explore.html"):
         assert name in html
     assert "Beyond the lab" in html and "Lab sheet" in html
 
@@ -188,7 +188,8 @@ def figures_linked(results) -> int:
 
 def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(html_report):
     """As a teacher opens it: the front page is about the lab, in the report's language (ko here), its
-    link opens the lab's reports in the page, their sections and eight figures loaded, in their own font."""
+    link opens the lab's reports in the page, their sections and eight figures loaded, in their own font; its other
+    link opens the lab's page (results/explore.html), its script running."""
     executable, sync_playwright = chromium_and_playwright("the HTML report")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
@@ -215,6 +216,12 @@ def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(
             alt_texts = " ".join(images.evaluate_all("images => images.map(image => image.alt)"))
             assert HANGUL.search(alt_texts), alt_texts  # the figures of a Korean report
             assert "measured_bytes" in shown.locator("body").inner_text()
+            # the front page's other link opens the lab's page, its script running inside the report
+            page.goto(html_report.as_uri())
+            page.get_by_text("실험 페이지 열기", exact=True).first.click()
+            explore = page.frame_locator("iframe").first
+            explore.locator("body[data-ready=true]").wait_for(timeout=30_000)
+            assert explore.locator("#grid-rows .cell").count() > 0
         finally:
             browser.close()
 
@@ -316,7 +323,7 @@ def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
     assert jobs == {"figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
                     "figure_temperature_effect": 1, "figure_compare": 1, "figure_batch": 1, "figure_kv_waste": 1,
                     "figure_step_anatomy": 1, "figure_serve_timeline": 1, "figure_serve_latency": 1,
-                    "lab_tables": 1, "report": 1, "beyond": 1, "lab_report": 1, "check": 1, "all": 1}, jobs
+                    "lab_tables": 1, "report": 1, "beyond": 1, "lab_report": 1, "explore": 1, "check": 1, "all": 1}, jobs
 
 
 SAVE = figures.save

@@ -9,9 +9,9 @@ import pytest
 from helpers import ROOT
 
 # scripts/ of the rules that load no model: the corpus, the tokenizer, the prompt, the figures,
-# the report, the self-check and the comparison's table.
+# the report, the self-check, the comparison's table and the lab's page.
 NO_MODEL_SCRIPTS = ["build_corpus.py", "train_tokenizer.py", "prompt.py", "figure.py", "report.py", "lab_tables.py",
-                    "check.py", "compare_table.py"]
+                    "check.py", "compare_table.py", "explore.py"]
 MODEL_SCRIPTS = ["same.py", "timing.py", "inspect_checkpoint.py"]
 
 

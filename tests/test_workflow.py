@@ -117,7 +117,7 @@ def test_changing_temperatures_reruns_only_temp_its_curve_and_report(built, cour
     config = course_config(course, temp={"temperatures": [0.3, 1.0]})
     assert dry_run_jobs(built, config=config) == {"temp": 1, "temp_curve": 1, "figure_temperature_effect": 1,
                                                   "report": 1, "beyond": 1, "lab_report": 1, "lab_tables": 1,
-                                                  "check": 1, "all": 1}
+                                                  "explore": 1, "check": 1, "all": 1}
 
 
 def test_params_compare_by_value(built, course):

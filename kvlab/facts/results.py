@@ -102,12 +102,15 @@ RESULTS = _results(
     Result("report", f"results/{REPORT_FILE}", LAB_REPORT, timed=True),
     Result("beyond", "results/beyond.md", LAB_REPORT, timed=True),
     Result("lab_report", "results/lab_report.html", LAB_REPORT, timed=True),
+    # the lab as a page a student plays with, from the results and what only it reads (explore_steps)
+    Result("explore", "results/explore.html", LAB_REPORT, timed=True),
     # what the steps write beside the sheet's files
     Result("prompt", "results/prompt.json"),
     Result("model_card", "results/model_card.json"),
     Result("time_runs", "results/time_runs.json", timed=True),
     Result("temp_answers", "results/temp_answers.json"),
     Result("topp_sharp", "results/topp_sharp.json"),
+    Result("explore_steps", "results/explore_steps.json"),
     Result("check", "results/check.json", timed=True),
     Result("folder_check", "results/check/{folder}.json", timed=True),
     # beyond the sheet, each a section of the HTML report
@@ -167,13 +170,20 @@ FIGURES = {
 }
 
 # The results the reports' templates read, by name: the lab's and everything beyond it (fidelity's only
-# where it ran), never the pages made from the reports or the class's, nor a log of events (JSON Lines:
-# the reports read tables and JSON documents).
+# where it ran), never the pages made from the reports or the class's, nor what only the lab's page reads,
+# nor a log of events (JSON Lines: the reports read tables and JSON documents).
 REPORT_READS = tuple(name for name, result in RESULTS.items()
                      if result.category in (LAB_SHEET, BEYOND, None) and result.by_all
-                     and name not in ("lab_tables", "check", "folder_check") and not result.path.endswith(".jsonl"))
+                     and name not in ("lab_tables", "check", "folder_check", "explore_steps")
+                     and not result.path.endswith(".jsonl"))
 SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
                "batch", "fidelity")
+# What the lab's page (results/explore.html, kvlab.present.explore) is drawn from, by name: the generation
+# opened step by step, and the results whose numbers it shows.
+EXPLORE_READS = ("explore_steps", "counts", "kvbytes", "temp", "temp_answers", "topp", "topp_sharp", "topp_curve",
+                 "kv_capacity", "batch", "latency")
+# The page's template, and the script and style it holds inline.
+EXPLORE_TEMPLATE = "templates/explore.html.j2"
 # The reports' templates: one folder, an entry template per report, one file a section.
 REPORT_TEMPLATES = "templates/report"
 OPTIONAL = ("fidelity",)
