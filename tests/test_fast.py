@@ -195,7 +195,8 @@ def test_one_program_per_architecture_every_length_minimind_s_tokens_and_the_dis
     # as a new process finds it: loaded from the cache directory, not compiled again
     monkeypatch.setattr(aot, "_LOADED", {})
     again = fast.Decoder(model, 1, None, decoder.plan)
-    assert again.program.from_cache and list(aot._LOADED) == list(loaded)
+    # (other tests of the session may have loaded programs of other architectures before)
+    assert again.program.from_cache and len(aot._LOADED) == 1 and set(aot._LOADED) <= set(loaded)
 
 
 def test_a_torch_compile_plan_compiles_once_per_shape(monkeypatch):
