@@ -196,6 +196,38 @@ def test_the_bytes_are_found_only_as_bytes_in_the_kv_section(tmp_path, report, o
     assert verdict[0] is ok, verdict[1]
 
 
+@pytest.mark.parametrize("report, ok", [
+    # the workflow's own sentences, with a cache weighed after repeat_kv (409,600 bytes) in kvbytes.json
+    ("## KV 캐시\n**measured_bytes = 204,800 바이트**로 공식과 같습니다. KV 헤드 2개만 둡니다(`repeat_kv` 이후라면 "
+     "409,600 바이트).\n", False),
+    ("## KV 캐시\nhold **measured_bytes = 204,800 bytes**, exactly the formula. With 2 KV heads, not the 4 query heads "
+     "(after `repeat_kv` it would be 409,600 bytes), so the cache is small.\n", False),
+    ("## KV 캐시\nhold **measured_bytes = 204,800 bytes**, not the formula's 409,600 bytes.\n", False),
+    ("## KV 캐시\n**measured_bytes = 204,800 바이트**로, 공식의 409,600 바이트와 다릅니다.\n", False),
+    ("## KV 캐시\nThe cache would hold 409,600 bytes if K were kept after repeat_kv.\n", False),
+    ("## KV 캐시\n캐시는 쿼리 헤드로 잰 409,600 바이트보다 작습니다.\n", False),
+    # stated as measured, in a sentence that also compares it with the formula, or beside a hypothetical
+    ("## KV 캐시\n캐시 크기는 409,600 바이트로 공식과 같았다.\n", True),
+    ("## KV 캐시\n**measured_bytes = 409,600 바이트** (`repeat_kv` 이전이라면 204,800 바이트).\n", True),
+    ("## KV 캐시\nThe cache holds 409,600 bytes, measured. It would be 204,800 bytes before repeat_kv.\n", True),
+], ids=["ko-hypothetical", "en-hypothetical", "en-not-the-formula", "ko-differs", "if-would", "ko-than",
+        "ko-measured", "measured-beside-hypothetical", "en-measured-then-hypothetical"])
+def test_the_bytes_are_found_only_where_the_report_states_them_as_measured(tmp_path, report, ok):
+    """Issue 38: a folder whose cache was weighed after repeat_kv (409,600 bytes) kept the workflow's
+    report, which states 204,800 bytes as measured and 409,600 only in a hypothetical clause: that
+    clause is no measurement of the student's, and report_measured_bytes fails."""
+    verdict = check.report_measured_bytes(report_folder(tmp_path, report, measured=409600), SETTINGS)
+    assert verdict[0] is ok, verdict[1]
+
+
+def test_a_speedup_in_a_hypothetical_or_compared_clause_is_not_the_measured_one(tmp_path):
+    for report, ok in (("## KV 캐시\nThe line predicts 4.63×, above the 3.10× measured.\n", False),
+                       ("## KV 캐시\n시간은 3.10배 빨랐고, 직선은 4.63배를 예측합니다.\n", False),
+                       ("## KV 캐시\n시간은 4.63배 빨랐습니다(직선이라면 5.10배).\n", True)):
+        verdict = check.report_speedup(report_folder(tmp_path, report, speedup=4.634), SETTINGS)
+        assert verdict[0] is ok, (report, verdict[1])
+
+
 def test_the_workflows_own_reports_pass_in_both_languages(tmp_path):
     """The rendered report of either language states its numbers as the rules find them (the English
     one keeps the Korean headings)."""
