@@ -21,7 +21,8 @@ from kvlab.grade import check, classroom
 from kvlab.present.i18n import messages as i18n_messages
 from kvlab.grade.class_page import class_page
 
-from helpers import ROOT, chromium_and_playwright, copy_workflow, course_config, dry_run_jobs, snakemake
+from helpers import (ROOT, assert_hangul_drawn_in_the_pages_own_face, chromium_and_playwright, copy_workflow, course_config,
+                     dry_run_jobs, snakemake)
 
 EXAMPLE = ROOT / "examples" / "class"
 POINTS = {"files": 1, "same_ids": 1, "fed_with_cache": 2, "fed_without_cache": 2, "cache_faster": 1, "kv_bytes": 2,
@@ -123,10 +124,15 @@ def test_the_class_page_speaks_the_reports_language(tmp_path, language):
         assert all(HANGUL.search(what) for what in whats), whats
         assert "<title>반 채점</title>" in page and "통과하지 못한 테스트와 이유" in headers
         assert "학생 8명 중 7명이 제출했습니다." in page
+        # the summary's sentences apart, not run together ("제출했습니다.만점은")
+        summary = re.sub(r"\s+", " ", page[page.index('<p id="summary">'):page.index("</p>")])
+        assert "제출했습니다. " in summary and not re.search("[\uac00-\ud7a3][.][\uac00-\ud7a3]", summary), summary
     else:
         assert whats == [line.replace("'", "&#39;") for line in english]
         assert not HANGUL.search(headers), headers
         assert "7 of 8 students handed in a folder." in page and "<code>examples/class/key</code>" in page
+        summary = re.sub(r"\s+", " ", page[page.index('<p id="summary">'):page.index("</p>")])
+        assert "a folder. The maximum" in summary, summary
 
 
 def test_a_key_that_is_not_one_stops_in_one_line(tmp_path):
@@ -403,6 +409,8 @@ def test_the_class_page_in_a_browser(graded):
             assert page.locator("#students tr").count() == 1 + 9 and page.locator("#tests tr").count() == 1 + 11
             assert page.title() == "반 채점" and EVIL_NAME in page.locator("#students").inner_text()
             assert "no submission" in page.locator("#students tr", has_text="s08").inner_text()
+            # its Hangul drawn in the face it carries, on a machine with or without a Korean font
+            assert_hangul_drawn_in_the_pages_own_face(page, "h1")
         finally:
             browser.close()
 

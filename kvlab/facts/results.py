@@ -102,6 +102,8 @@ RESULTS = _results(
     Result("report", f"results/{REPORT_FILE}", LAB_REPORT, timed=True),
     Result("beyond", "results/beyond.md", LAB_REPORT, timed=True),
     Result("lab_report", "results/lab_report.html", LAB_REPORT, timed=True),
+    # the Hangul font of `snakemake --report`'s front page (report/workflow.rst includes it), written beside it
+    Result("front_page_font", "results/front_page_font.html"),
     # what the steps write beside the sheet's files
     Result("prompt", "results/prompt.json"),
     Result("model_card", "results/model_card.json"),
@@ -171,7 +173,8 @@ FIGURES = {
 # the reports read tables and JSON documents).
 REPORT_READS = tuple(name for name, result in RESULTS.items()
                      if result.category in (LAB_SHEET, BEYOND, None) and result.by_all
-                     and name not in ("lab_tables", "check", "folder_check") and not result.path.endswith(".jsonl"))
+                     and name not in ("lab_tables", "check", "folder_check", "front_page_font")
+                     and not result.path.endswith(".jsonl"))
 SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
                "batch", "fidelity")
 # The reports' templates: one folder, an entry template per report, one file a section.
