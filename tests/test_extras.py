@@ -158,7 +158,7 @@ def test_figures_are_pngs_linked_from_the_report_beyond_the_sheet(built):
         assert f"](figures/{name}.png)" in beyond and f"figures/{name}.png" not in report
     for heading in ("## KV 캐시", "## 온도", "## top-p", "## 서빙에서"):
         assert heading in report
-    for heading in ("## 비용 곡선", "## 지연 시간 분해", "## 서빙 용량으로 본 캐시", "## 모든 p에서의 top-p", "## 온도를 촘촘히"):
+    for heading in ("## 비용 곡선", "## 지연 시간 분해", "## 서빙 용량으로 본 캐시", "## 모든 p에서의 top-p, 촘촘한 온도"):
         assert heading in beyond and heading not in report
     assert "`results/beyond.md`" in report
 

@@ -175,8 +175,11 @@ REPORT_READS = tuple(name for name, result in RESULTS.items()
                      if result.category in (LAB_SHEET, BEYOND, None) and result.by_all
                      and name not in ("lab_tables", "check", "folder_check", "front_page_font")
                      and not result.path.endswith(".jsonl"))
+# The sheet's report counts the timings beyond the sheet that the machine disturbed, so it reads every
+# timed result (kvlab.facts.disturbed), and batch_runs for its serving section's clock.
 SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
-               "batch", "fidelity")
+               "batch", "batch_runs", "sweep", "sweep_runs", "latency", "compare", "step_anatomy", "serve_timing",
+               "fidelity")
 # The reports' templates: one folder, an entry template per report, one file a section.
 REPORT_TEMPLATES = "templates/report"
 OPTIONAL = ("fidelity",)
@@ -198,9 +201,10 @@ def built_by_all(with_fidelity: bool) -> list[str]:
 
 def report_inputs(with_fidelity: bool, report: str = "beyond") -> dict[str, str]:
     """A report's inputs, by the name its templates read each by. The sheet's report ("report") reads
-    the sheet's results, what its steps write beside them, the two results its serving section sets
-    beside them (kv_capacity, batch) and fidelity's verdict; the report beyond it ("beyond") reads
-    every result and each of the lab's figures (by its rule's name)."""
+    the sheet's results, what its steps write beside them, the results its serving section sets
+    beside them (kv_capacity, batch and its runs), every timed result beyond the sheet (it counts the
+    disturbed ones) and fidelity's verdict; the report beyond it ("beyond") reads every result and each
+    of the lab's figures (by its rule's name)."""
     names = SHEET_READS if report == "report" else REPORT_READS
     inputs = {name: RESULTS[name].path for name in names if with_fidelity or name not in OPTIONAL}
     if report == "report":

@@ -59,7 +59,8 @@ LABELS = {
     "steps_by_fed": N_("Against the tokens fed, what the fit is a function of"),
     "context_length": N_("context length: prompt + tokens generated before the step"),
     "step_time": N_("forward time per step (ms)"),
-    "steps_title": N_("Time of each generation step ({new_tokens} new tokens, median of {repeats} runs)"),
+    "steps_title": N_("Time of each generation step ({new_tokens} new tokens; each step the median of its {with_runs} "
+                      "runs with the cache, {without_runs} without)"),
     "after_prefix": N_("after \"{prefix}\""),
     "after_sharp_prefix": N_("after \"{prefix}\""),
     "whole_vocabulary": N_("whole vocabulary ({vocab_size:,} tokens)"),
@@ -301,7 +302,10 @@ def step_times(latency: dict, path, language: str = "en") -> None:
         fit_handles, fit_labels = fed_ax.get_legend_handles_labels()
         fig.legend(handles + fit_handles[-1:], labels + fit_labels[-1:], loc="lower center", ncol=3, fontsize=8,
                    frameon=False)
-        fig.suptitle(text("steps_title", new_tokens=latency["new_tokens"], repeats=latency["repeats"]))
+        # each mode's own number of runs: a timing repeats while it is unstable, so the two may differ
+        fig.suptitle(text("steps_title", new_tokens=latency["new_tokens"],
+                          with_runs=latency["with_cache"]["generate"]["n"],
+                          without_runs=latency["without_cache"]["generate"]["n"]))
         save(fig, path, rect=(0, 0.1, 1, 1))
 
 
