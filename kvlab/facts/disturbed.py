@@ -28,6 +28,8 @@ LABELS = tuple(label for label, _ in MODES)
 # What identifies one timing: which part of the build timed it, in which mode, of which model or run,
 # at which size (N, B or context).
 KEY = ("what", "mode", "name", "n")
+# The parts in the order the reports list them.
+PARTS = ("step3", "sweep", "latency", "compare", "batch", "anatomy", "curve", "serving")
 
 
 def waited(usage: dict | None) -> dict:
@@ -167,7 +169,13 @@ def disturbed_timings(results: dict) -> list[dict]:
         key = tuple(item.get(part) for part in KEY)
         entry = merged.setdefault(key, {**dict(zip(KEY, key)), "unstable": False, "share": None})
         entry.update(contended=True, runs=item["runs"], waited=item["waited"], cpu_share=item["cpu_share"])
-    return list(merged.values())
+    # in the reports' order: by part, each mode (or model) where it first came, sizes rising
+    groups: dict = {}
+    for key in merged:
+        groups.setdefault(key[:3], len(groups))
+    return sorted(merged.values(), key=lambda item: (
+        PARTS.index(item["what"]), groups[(item["what"], item["mode"], item["name"])],
+        item["n"] if isinstance(item["n"], (int, float)) else 0))
 
 
 def contended_speedups(results: dict) -> list[dict]:
