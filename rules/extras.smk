@@ -1,9 +1,6 @@
 # Beyond the lab sheet: the lab's measurements as curves, a step opened, the cache as serving
 # capacity, and a self-check of a results folder. Knobs: config["extras"].
-import sys
-
 from kvlab.facts.sheet import HANDED_IN
-from kvlab.grade.check import failed_check
 from kvlab.grade.classroom import submitted_files
 
 EXTRAS = config["extras"]
@@ -225,17 +222,7 @@ rule check:
         "../scripts/check.py"
 
 
-def end_on_a_failed_check(path):
-    """The run's last line when `check` failed (the job printed its table): which rules failed. The
-    output is removed, so the next run checks again, and the run exits 1."""
-    line = failed_check(path)
-    if line is not None:
-        Path(path).unlink()
-        print(f"kvlab: {line}; verdicts in {CHECK_LOG}.json", file=sys.stderr)
-        sys.exit(1)
-
-
 # A failed check is a verdict, not a broken job: it ends the run on one line, without Snakemake's
 # report of a failed job.
 onsuccess:
-    end_on_a_failed_check(rules.check.output.check)
+    end_on_a_failed_check(rules.check.output.check, rules.check.log.verdicts)

@@ -171,15 +171,40 @@ def test_every_comparison_of_the_slowed_build_is_judged_on_its_cpu_clock(quiet_a
     assert shares and all(share < 100 * timing.CONTENDED_CPU_SHARE for share in shares), shares
 
 
+def test_a_careful_readers_checks_hold_on_the_slowed_build_and_catch_a_wall_clock_verdict(quiet_and_slowed):
+    """tools/beside_a_burner.py's `read` (what the integrator runs after a build beside a burner) passes the
+    slowed build's reports, and fails them once step 3 is judged on the wall clock."""
+    import subprocess
+    import sys
+
+    _, slow, loaded = quiet_and_slowed
+    for name in ("report", "beyond"):
+        (slow / f"{name}.md").write_text(render(slow, name, "ko"), encoding="utf-8")
+    command = [sys.executable, str(ROOT / "tools" / "beside_a_burner.py"), "read", str(slow)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0 and "FAIL" not in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    cpu = clocks.step3_speedup(loaded["slowed"]["time_runs"])["cpu"]
+    report = (slow / "report.md").read_text(encoding="utf-8")
+    wall = loaded["slowed"]["time_runs"]["speedup"]
+    (slow / "report.md").write_text(report.replace(f"{cpu['low']:.2f}–{cpu['high']:.2f}",
+                                                   f"{wall['low']:.2f}–{wall['high']:.2f}"), encoding="utf-8")
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 1 and "FAIL step 3 on the cpu clock" in done.stdout, done.stdout[-3000:]
+
+
 def test_both_reports_say_which_build_made_them(course_build):
-    """Provenance at the top: the tests' build runs from a copied workflow, no git checkout: it says so."""
+    """Provenance at the top of both reports: the commit of the checkout the workflow ran from (the tests'
+    build runs this one's Snakefile), or "unknown" outside a git checkout; the date; the machine; torch."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = f"커밋 `{done.stdout.strip()}`" if done.returncode == 0 else "알 수 없음(워크플로가 git 체크아웃 안에서 돌지 않았음)"
+    processor = json.loads((course_build / "results" / "time_runs.json").read_text())["processor"]
     for name in ("report.md", "beyond.md"):
         text = (course_build / "results" / name).read_text(encoding="utf-8")
         build = next(line for line in text.splitlines()[:8] if line.startswith("- **빌드:**"))
-        assert "알 수 없음(워크플로가 git 체크아웃 안에서 돌지 않았음)" in build and "torch 2.13.0" in build
+        assert commit in build and "torch 2.13.0" in build and processor in build, build
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", build)
-        processor = json.loads((course_build / "results" / "time_runs.json").read_text())["processor"]
-        assert processor in build
 
 
 def test_the_build_provenance_names_the_commit_of_a_git_checkout(tmp_path):
