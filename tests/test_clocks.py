@@ -135,7 +135,8 @@ def test_the_slowed_runs_are_flagged_and_their_cpu_clock_is_the_quiet_builds(qui
     first = [next(row for row in data["batch"] if row["mode"] == "distinct") for data in (quiet, slow)]
     assert first[1]["contended"]
     a, b = (clocks.batch_throughput(row, data["batch_runs"])["cpu"] for row, data in zip(first, (quiet, slow)))
-    assert a["value"] == pytest.approx(b["value"])
+    # (a run's CPU share, capped at 1 against a clock's grain, may lose that grain once slowed: rel 1e-3)
+    assert a["value"] == pytest.approx(b["value"], rel=1e-3)
 
 
 def test_every_comparison_of_the_slowed_build_is_judged_on_its_cpu_clock(quiet_and_slowed):

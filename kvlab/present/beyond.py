@@ -1,7 +1,8 @@
 """The sections of results/beyond.md: what lies beyond the lab sheet, each short, each a function of the
 loaded result files alone, giving nothing when its result was not built. The wide tables stay in
 the result files and lab_tables.html; each section here shows at most six columns, its figure, and
-the sentences its verdicts (kvlab.present.verdicts) choose.
+the sentences its verdicts (kvlab.present.verdicts) choose, every timed comparison on the clock it
+is judged on (kvlab.present.clocks: the CPU clock's when a side was contended).
 """
 
 from __future__ import annotations

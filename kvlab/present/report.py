@@ -1,15 +1,18 @@
 """Step 7: the lab's two reports, rendered from the result files by sandboxed Jinja templates.
 
-`results/report.md` is the sheet's report: where the numbers come from (models, code, machine), the
-timings to read with care, the sheet's three sections (`## KV 캐시`, `## 온도`, `## top-p`) with the
+`results/report.md` is the sheet's report: which build made it (commit, date, machine, torch), where
+the numbers come from (models, code), the timings the machine disturbed (step 3's named, the others
+counted, each once), the sheet's three sections (`## KV 캐시`, `## 온도`, `## top-p`) with the
 speedup and the bytes, and one short section on serving. `results/beyond.md` holds what lies beyond
-the sheet (kvlab.present.beyond). `check` and grading read the first.
+the sheet (kvlab.present.beyond), content first. `check` and grading read the first.
 
 Every number is read from a result file or derived here from those numbers; the templates hold
 prose only, one file a section, in English with its Korean in the catalog (kvlab.present.i18n). A
 section is a function of the loaded result files alone: it never reads another section's output or
 changes a row it was given. Every comparison the prose states is a verdict of
-kvlab.present.verdicts computed here; the template picks the sentence that belongs to it.
+kvlab.present.verdicts computed here, on the clock it is judged on (kvlab.present.clocks: the CPU
+clock's when a side was contended); the template picks the sentence that belongs to it. A paragraph
+is written a sentence a line and given as one line (`one_line_paragraphs`).
 """
 
 from __future__ import annotations
