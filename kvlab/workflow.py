@@ -6,11 +6,14 @@ the report, the check) start without it; model jobs load theirs with kvlab.check
 
 from __future__ import annotations
 
+import datetime
 import logging
 import signal
+import subprocess
 import sys
 import traceback
 from contextlib import ExitStack, redirect_stderr
+from importlib import metadata
 from pathlib import Path
 
 from kvlab.engine.tokenizer import load_tokenizer
@@ -67,3 +70,27 @@ def exit_on_sigterm(signum, frame) -> None:
 def load_tokenizer_input(snakemake):
     """The tokenizer folder that holds input `tokenizer` (its tokenizer.json)."""
     return load_tokenizer(Path(snakemake.input.tokenizer).parent)
+
+
+def build_provenance(folder, now: datetime.datetime | None = None) -> dict:
+    """Which code made a report, and when: {commit, changed, date, torch}. `commit` is `git rev-parse
+    --short HEAD` of the checkout `folder` (the workflow's) is in, None when it is in none (a copied
+    workflow, a release archive) or git is missing; `changed`, whether its tracked files differ from
+    that commit; `date`, now in UTC to the minute; `torch`, the installed version, read from its
+    metadata (the report's job does not import torch)."""
+    def git(*args) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    changed = bool(commit) and bool(git("status", "--porcelain", "--untracked-files=no"))
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return {"commit": commit or None, "changed": changed, "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch_version}

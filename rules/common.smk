@@ -3,6 +3,7 @@
 # where the tests reach it. Nothing here imports PyTorch or reads a checkpoint: `snakemake -n`,
 # --dag, --rulegraph, --lint and --report only look at paths.
 import os
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -10,6 +11,7 @@ from snakemake.utils import validate
 
 from kvlab import resources
 from kvlab.cluster import print_failure_hints
+from kvlab.grade.check import failed_check
 import kvlab.config as lab_config
 from kvlab.facts.results import (
     FIGURES,
@@ -142,3 +144,13 @@ TRAINING_JOB = resources.asked(resources.TRAINING)
 def model_job(*names, timed=False, device=lambda wildcards: config["device"]):
     """resources: of a job that loads the checkpoints of its inputs `names`, sized by their files."""
     return resources.asked_by_weights(resources.file_bytes(*names), device, timed)
+
+
+def end_on_a_failed_check(path, verdicts):
+    """The run's last line when `check` failed (the job printed its table): which rules failed. The
+    output is removed, so the next run checks again, and the run exits 1."""
+    line = failed_check(path)
+    if line is not None:
+        Path(path).unlink()
+        print(f"kvlab: {line}; verdicts in {verdicts}", file=sys.stderr)
+        sys.exit(1)

@@ -247,3 +247,9 @@ rule check:
         max_file_bytes=config["grade"]["max_file_bytes"],
     script:
         "../scripts/check.py"
+
+
+# A failed check is a verdict, not a broken job: it ends the run on one line, without Snakemake's
+# report of a failed job.
+onsuccess:
+    end_on_a_failed_check(rules.check.output.check, rules.check.log.verdicts)

@@ -36,15 +36,18 @@ for name, entry in (("report", "report.md.j2"), ("beyond", "beyond.md.j2")):
 
 
 # For `snakemake --report`, which shows an HTML result in the page (a Markdown or JSON file only
-# as a download): both reports as one page, with their figures and Korean font in it.
+# as a download): both reports as one page, with their figures and Korean font in it; and the Korean
+# font of the report's front page (report/workflow.rst includes it where this page is in the report).
 rule lab_report:
     input:
         report=RESULTS["report"].path,
         beyond=RESULTS["beyond"].path,
         figures=[figure.path for figure in lab_figures()],
         template=workflow_file("templates/lab_report.html.j2"),
+        front_page=workflow_file("report/workflow.rst"),
     output:
         lab_report=reported("lab_report"),
+        front_page_font=RESULTS["front_page_font"].path,
     log:
         "results/logs/lab_report.log",
     threads: 1
@@ -52,6 +55,9 @@ rule lab_report:
         **LIGHT_JOB,
     params:
         language=config["report"]["language"],
+        # the config's strings the front page shows (a class sheet's path is left out: grading a class
+        # must not make the lab's page stale)
+        front_page_values=[config["pretrain"], config["sft"]],
     script:
         "../scripts/lab_report.py"
 

@@ -1,5 +1,6 @@
 """Small builders shared by the tests."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -167,3 +168,35 @@ def chromium_and_playwright(what: str):
     except ImportError:
         pytest.skip(f'playwright is not installed (pip install -e ".[test]"): {what} is not opened in a browser')
     return executable, sync_playwright
+
+
+HANGUL_RUN = re.compile("[\uac00-\ud7a3]+")
+
+
+def assert_hangul_drawn_in_the_pages_own_face(page, selector: str) -> None:
+    """The first element matching `selector` in `page`'s main frame holds Hangul, and Chromium drew it in
+    the face the page carries (kvlab.present.fonts), not in a font of the machine's: its computed font
+    list starts with EMBEDDED_FAMILY, a name no installed font has; that face loads for its Hangul; and
+    every font Chromium drew the element's glyphs with (DevTools' CSS.getPlatformFontsForNode) is a web
+    font. A machine with Debian's fonts-nanum (CI's, this one's) has a system NanumGothic: a page without
+    its own face would draw in that, which the last check tells apart."""
+    from kvlab.present.fonts import EMBEDDED_FAMILY, HANGUL_FONT
+
+    element = page.locator(selector).first
+    hangul = HANGUL_RUN.findall(element.inner_text())
+    assert hangul, f"{selector}: no Hangul in {element.inner_text()[:200]!r}"
+    family = element.evaluate("e => getComputedStyle(e).fontFamily")
+    assert family.startswith(f'"{EMBEDDED_FAMILY}"'), family
+    loaded = page.evaluate("async ([family, text]) => (await document.fonts.load(`16px \"${family}\"`, text))"
+                           ".map(face => face.status)", [EMBEDDED_FAMILY, hangul[0]])
+    assert loaded == ["loaded"], loaded
+    session = page.context.new_cdp_session(page)
+    try:
+        session.send("DOM.enable")
+        session.send("CSS.enable")
+        root = session.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+        node = session.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+        fonts = session.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+    finally:
+        session.detach()
+    assert fonts and all(font["isCustomFont"] and font["familyName"] == HANGUL_FONT for font in fonts), fonts

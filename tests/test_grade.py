@@ -21,7 +21,8 @@ from kvlab.grade import check, classroom
 from kvlab.present.i18n import messages as i18n_messages
 from kvlab.grade.class_page import class_page
 
-from helpers import ROOT, chromium_and_playwright, copy_workflow, course_config, dry_run_jobs, snakemake
+from helpers import (ROOT, assert_hangul_drawn_in_the_pages_own_face, chromium_and_playwright, copy_workflow, course_config,
+                     dry_run_jobs, snakemake)
 
 EXAMPLE = ROOT / "examples" / "class"
 POINTS = {"files": 1, "same_ids": 1, "fed_with_cache": 2, "fed_without_cache": 2, "cache_faster": 1, "kv_bytes": 2,
@@ -123,10 +124,15 @@ def test_the_class_page_speaks_the_reports_language(tmp_path, language):
         assert all(HANGUL.search(what) for what in whats), whats
         assert "<title>반 채점</title>" in page and "통과하지 못한 테스트와 이유" in headers
         assert "학생 8명 중 7명이 제출했습니다." in page
+        # the summary's sentences apart, not run together ("제출했습니다.만점은")
+        summary = re.sub(r"\s+", " ", page[page.index('<p id="summary">'):page.index("</p>")])
+        assert "제출했습니다. " in summary and not re.search("[\uac00-\ud7a3][.][\uac00-\ud7a3]", summary), summary
     else:
         assert whats == [line.replace("'", "&#39;") for line in english]
         assert not HANGUL.search(headers), headers
         assert "7 of 8 students handed in a folder." in page and "<code>examples/class/key</code>" in page
+        summary = re.sub(r"\s+", " ", page[page.index('<p id="summary">'):page.index("</p>")])
+        assert "a folder. The maximum" in summary, summary
 
 
 def test_a_key_that_is_not_one_stops_in_one_line(tmp_path):
@@ -194,6 +200,38 @@ def test_the_speedup_is_found_only_as_a_speedup_in_the_kv_section(tmp_path, repo
 def test_the_bytes_are_found_only_as_bytes_in_the_kv_section(tmp_path, report, ok):
     verdict = check.report_measured_bytes(report_folder(tmp_path, report), SETTINGS)
     assert verdict[0] is ok, verdict[1]
+
+
+@pytest.mark.parametrize("report, ok", [
+    # the workflow's own sentences, with a cache weighed after repeat_kv (409,600 bytes) in kvbytes.json
+    ("## KV 캐시\n**measured_bytes = 204,800 바이트**로 공식과 같습니다. KV 헤드 2개만 둡니다(`repeat_kv` 이후라면 "
+     "409,600 바이트).\n", False),
+    ("## KV 캐시\nhold **measured_bytes = 204,800 bytes**, exactly the formula. With 2 KV heads, not the 4 query heads "
+     "(after `repeat_kv` it would be 409,600 bytes), so the cache is small.\n", False),
+    ("## KV 캐시\nhold **measured_bytes = 204,800 bytes**, not the formula's 409,600 bytes.\n", False),
+    ("## KV 캐시\n**measured_bytes = 204,800 바이트**로, 공식의 409,600 바이트와 다릅니다.\n", False),
+    ("## KV 캐시\nThe cache would hold 409,600 bytes if K were kept after repeat_kv.\n", False),
+    ("## KV 캐시\n캐시는 쿼리 헤드로 잰 409,600 바이트보다 작습니다.\n", False),
+    # stated as measured, in a sentence that also compares it with the formula, or beside a hypothetical
+    ("## KV 캐시\n캐시 크기는 409,600 바이트로 공식과 같았다.\n", True),
+    ("## KV 캐시\n**measured_bytes = 409,600 바이트** (`repeat_kv` 이전이라면 204,800 바이트).\n", True),
+    ("## KV 캐시\nThe cache holds 409,600 bytes, measured. It would be 204,800 bytes before repeat_kv.\n", True),
+], ids=["ko-hypothetical", "en-hypothetical", "en-not-the-formula", "ko-differs", "if-would", "ko-than",
+        "ko-measured", "measured-beside-hypothetical", "en-measured-then-hypothetical"])
+def test_the_bytes_are_found_only_where_the_report_states_them_as_measured(tmp_path, report, ok):
+    """Issue 38: a folder whose cache was weighed after repeat_kv (409,600 bytes) kept the workflow's
+    report, which states 204,800 bytes as measured and 409,600 only in a hypothetical clause: that
+    clause is no measurement of the student's, and report_measured_bytes fails."""
+    verdict = check.report_measured_bytes(report_folder(tmp_path, report, measured=409600), SETTINGS)
+    assert verdict[0] is ok, verdict[1]
+
+
+def test_a_speedup_in_a_hypothetical_or_compared_clause_is_not_the_measured_one(tmp_path):
+    for report, ok in (("## KV 캐시\nThe line predicts 4.63×, above the 3.10× measured.\n", False),
+                       ("## KV 캐시\n시간은 3.10배 빨랐고, 직선은 4.63배를 예측합니다.\n", False),
+                       ("## KV 캐시\n시간은 4.63배 빨랐습니다(직선이라면 5.10배).\n", True)):
+        verdict = check.report_speedup(report_folder(tmp_path, report, speedup=4.634), SETTINGS)
+        assert verdict[0] is ok, (report, verdict[1])
 
 
 def test_the_workflows_own_reports_pass_in_both_languages(tmp_path):
@@ -371,6 +409,8 @@ def test_the_class_page_in_a_browser(graded):
             assert page.locator("#students tr").count() == 1 + 9 and page.locator("#tests tr").count() == 1 + 11
             assert page.title() == "반 채점" and EVIL_NAME in page.locator("#students").inner_text()
             assert "no submission" in page.locator("#students tr", has_text="s08").inner_text()
+            # its Hangul drawn in the face it carries, on a machine with or without a Korean font
+            assert_hangul_drawn_in_the_pages_own_face(page, "h1")
         finally:
             browser.close()
 

@@ -263,7 +263,8 @@ def test_changing_the_rate_sweep_reruns_only_it_and_its_readers(course_build, co
     config = course_config(course)
     serving = {**config["extras"]["serving"], "rate_fractions": [1.0]}
     config["extras"] = {**config["extras"], "serving": serving}
-    # the sheet's report does not read the trace: only the report beyond it is rendered again
+    # the sheet's report reads the trace's timings (it counts the disturbed ones), not the rates: only the report
+    # beyond it is rendered again
     assert dry_run_jobs(course_build, config=config) == {"serve_rates": 1, "figure_serve_latency": 1, "beyond": 1,
                                                          "lab_report": 1, "all": 1}
     config["extras"]["serving"] = {**serving, "rate_fractions": [1.0, 2.0], "tight_blocks": 3}

@@ -21,9 +21,11 @@ from kvlab.engine.checkpoint import save_checkpoint
 from kvlab.engine.tokenizer import load_tokenizer
 from kvlab.measure.serve_bench import ServerProcess
 from kvlab.server.detokenize import IncrementalText
+from kvlab.server.engine_loop import EngineLoop, Finished
+from kvlab.server.metrics import ServerMetrics
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine
 
-from helpers import chromium_and_playwright, random_model
+from helpers import assert_hangul_drawn_in_the_pages_own_face, chromium_and_playwright, random_model
 from serving_helpers import one_thread  # noqa: F401
 
 # a drain well under the LONG request's time (900 tokens of this model: about 1 s on this VM)
@@ -197,6 +199,34 @@ def test_models_health_and_metrics_in_prometheus_format(client, server):
                  "vllm:e2e_request_latency_seconds_count"):
         assert name in after, name
     assert after["kvlab:kv_blocks_free"] == BLOCKS
+
+
+def test_a_sample_that_ends_at_eos_is_counted_as_stop_as_the_docs_say(checkpoint, tokenizer):
+    """The engine ends a sample at "eos"; OpenAI's answers and the metrics' finished_reason call it "stop"
+    (docs/serving.md: stop, length, abort). The sample is made to end there: the prompt's greedy first
+    token is given as its eos."""
+    inspection = inspect_checkpoint(checkpoint, "sft", {}, tokenizer, None)
+    model, _ = load_inspected(checkpoint, inspection, "cpu", "float32")
+    prompt = tokenizer.encode("민수는")
+    engine = ServingEngine(model, ServingConfig(max_num_seqs=SLOTS, num_blocks=BLOCKS, compile=False))
+    engine.add_request(prompt, SamplingParams(do_sample=False, max_tokens=1, eos_token_id=None))
+    first = engine.run().outputs[0].samples[0][0]
+    metrics = ServerMetrics(MODEL)
+    loop = EngineLoop(ServingEngine(model, ServingConfig(max_num_seqs=SLOTS, num_blocks=BLOCKS, compile=False)),
+                      metrics, max_waiting=1)
+
+    async def ask():
+        stream = loop.submit(prompt, SamplingParams(do_sample=False, max_tokens=8, eos_token_id=first))
+        return [event async for event in stream.events()][-1]
+
+    loop.start()
+    try:
+        finished = asyncio.run(ask())
+    finally:
+        loop.stop()
+    assert isinstance(finished, Finished) and finished.reasons == ("eos",)
+    text = metrics.exposition().decode()
+    assert 'finished_reason="stop"' in text and 'finished_reason="eos"' not in text, text
 
 
 # --- never stuck, never leaking ----------------------------------------------------------------------
@@ -375,6 +405,10 @@ def test_the_page_streams_an_answer_and_shows_the_engines_state_in_a_browser(ser
             assert page.locator("#answer").get_attribute("data-finish") in ("stop", "length")
             assert "answer" in page.locator("#usage").inner_text()
             page_text = page.evaluate("document.getElementById('answer').textContent")
+            # an answer in Hangul (as the stream writes one) is drawn in the face the server serves
+            # (GET /fonts/NanumGothic.ttf), not in the machine's
+            page.evaluate("document.getElementById('answer').textContent = '가람 마을의 특산물은 복숭아입니다.'")
+            assert_hangul_drawn_in_the_pages_own_face(page, "#answer")
         finally:
             leave.set()
             browser.close()
@@ -388,15 +422,27 @@ def test_the_page_streams_an_answer_and_shows_the_engines_state_in_a_browser(ser
 # --- last: it stops the module's server ------------------------------------------------------------
 
 def test_sigterm_ends_the_running_requests_within_the_drain_and_exits_0(server):
+    """During the drain the listener stays open: /health and a new request get a 503 with Retry-After (not
+    a refused connection); the running request is ended by the drain; then the process exits 0."""
     with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
-                      json={"model": MODEL, "prompt": "민수는", "stream": True, **LONG}) as response:
+                      json={"model": MODEL, "prompt": "민수는", "stream": True, **LONG}) as response, \
+            httpx.Client(base_url=server.url, timeout=10) as http:
         assert response.status_code == 200
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data: "))
+        assert http.get("/health").status_code == 200
         server.process.terminate()
         sent = time.monotonic()
+        health = http.get("/health")
+        while health.status_code == 200 and time.monotonic() - sent < 10:  # until the server has the signal
+            health = http.get("/health")
+        refused = http.post("/v1/completions", json={"model": MODEL, "prompt": "지우는", "max_tokens": 2})
         chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         ended = time.monotonic() - sent
+    assert health.status_code == 503 and health.json() == {"status": "shutting down"}
+    assert health.headers["Retry-After"] == "1"
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+    assert refused.json()["error"]["code"] == "shutting_down"
     reasons = [choice["finish_reason"] for chunk in chunks for choice in chunk["choices"] if choice["finish_reason"]]
     assert reasons == ["abort"], "the running request is ended by the drain, not by max_tokens"
     assert chunks[-1]["usage"]["completion_tokens"] < LONG["max_tokens"]

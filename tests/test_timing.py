@@ -231,7 +231,8 @@ def test_step_3_timed_beside_a_burner_is_contended_in_its_runs(one_core):
     assert runs["speedup"]["contended"]
     found = contended_timings({"time_runs": runs})
     assert [(item["what"], item["mode"]) for item in found] == [("step3", "with_cache"), ("step3", "without_cache")]
-    assert all(item["cpu_share"] < 0.75 and item["contended_runs"] >= timing.CONTENDED_RUNS_SHARE for item in found)
+    # each with what the rule saw: how many of its runs waited, and their CPU share (under the rule's)
+    assert all(item["cpu_share"] < 0.75 and item["waited"] / item["runs"] >= timing.CONTENDED_RUNS_SHARE for item in found)
     assert contended_speedups({"time_runs": runs}) == [{"what": "step3", **{k: runs["speedup"][k] for k in
                                                                            ("ratio", "low", "high")}}]
 
@@ -264,9 +265,10 @@ def test_the_reports_list_of_contended_timings_reads_every_result():
     assert [(item["what"], item.get("mode"), item.get("n"), item.get("name")) for item in found] == [
         ("step3", "without_cache", None, None), ("sweep", None, 16, None), ("latency", "with_cache", None, None),
         ("batch", "shared", 4, None), ("anatomy", "with_cache_cat", None, None), ("curve", "cat", 64, None)]
-    assert found[0] == {"what": "step3", "mode": "without_cache", "cpu_share": 0.5, "contended_runs": 1.0,
-                        "switches_per_s": 200.0, "load_1m": 3.0}
-    assert found[1]["cpu_share"] == pytest.approx(0.5) and found[3]["cpu_share"] == 0.5
+    # what the rule saw, from the summary's own numbers where the result keeps no runs' clocks
+    assert found[0] == {"what": "step3", "mode": "without_cache", "runs": 4, "waited": 4, "cpu_share": 0.5}
+    assert found[1]["cpu_share"] == pytest.approx(0.5) and found[1]["waited"] == 4  # the sweep's columns
+    assert found[3] == {"what": "batch", "mode": "shared", "n": 4, "runs": None, "waited": None, "cpu_share": None}
     assert [(item["what"], item.get("n"), item.get("name")) for item in contended_speedups(results)] == [
         ("step3", None, None), ("sweep", 16, None), ("latency", None, None), ("anatomy", None, "cat_over_static")]
     assert contended_timings({"time_runs": {"summary": {"with_cache": old, "without_cache": old}}}) == []
@@ -339,7 +341,7 @@ def test_a_shared_core_is_flagged_unstable_and_contended_in_the_results_the_repo
     assert all(len(runs["usage"][m]["thread_cpu_s"]) == runs["summary"][m]["n"] for m in runs["summary"])
     report = (results / "report.md").read_text(encoding="utf-8")
     head = report.split("## KV 캐시")[0]
-    assert "조심해서 읽을 측정" in head and "3단계" in head
+    assert "3단계의 측정이 흔들렸습니다" in head and "3단계" in head
     verdicts = json.loads((results / "check.json").read_text())
     assert any("step 3's timing is unstable" in warning for warning in verdicts["warnings"])
     assert any("step 3's timing is contended" in warning for warning in verdicts["warnings"])
@@ -348,8 +350,9 @@ def test_a_shared_core_is_flagged_unstable_and_contended_in_the_results_the_repo
     loaded, _ = load_results({"time_runs": results / "time_runs.json"})
     assert {item["mode"] for item in contended_timings(loaded)} == set(contended)
     assert contended_speedups(loaded)[0]["what"] == "step3"
-    # and the report says so at its top, and that the speedup is not the machine's
-    assert "기계가 빼앗은 측정" in head and "3단계 캐시" in head.split("기계가 빼앗은 측정")[1]
+    # and the report says so at its top (each mode once, with what each rule saw), and that the speedup is not
+    # the machine's
+    assert "3단계 캐시" in head.split("3단계의 측정이 흔들렸습니다")[1] and "CPU" in head
     kv_section = report.split("## KV 캐시")[1].split("## 온도")[0]
     assert "재는 동안 프로세스가 CPU를 기다렸습니다" in kv_section and "이 기계의 값이 아닙니다" in kv_section
     table = (results / "logs" / "check.log").read_text(encoding="utf-8")
@@ -360,18 +363,25 @@ def test_a_shared_core_is_flagged_unstable_and_contended_in_the_results_the_repo
 
 def test_no_sentence_contradicts_the_intervals(contended):
     """Whatever the shared core did to the numbers, the report states a comparison only where the
-    intervals allow it."""
+    intervals allow it: time.json's wall-clock speedup in the table, the verdict on the clock it is
+    judged on (the CPU clock's when a mode was contended)."""
+    from kvlab.present.clocks import step3_speedup
+    from kvlab.present.verdicts import on_clock
+
     results, _ = contended
     runs = json.loads((results / "time_runs.json").read_text())
     speedup = runs["speedup"]
+    judged = on_clock(*step3_speedup(runs).values())
     report = (results / "report.md").read_text(encoding="utf-8")
     kv_section = report.split("## KV 캐시")[1].split("## 온도")[0]
     assert f"({speedup['low']:.2f}–{speedup['high']:.2f}×)" in kv_section
-    if speedup["low"] <= 1 <= speedup["high"]:
-        assert "말할 수 없습니다" in kv_section and "배, 시간을" not in kv_section
-    elif speedup["low"] > 1:
-        assert "배, 시간을" in kv_section and "말할 수 없습니다" not in kv_section
-    assert math.isfinite(speedup["ratio"])
+    assert f"{judged['low']:.2f}–{judged['high']:.2f}" in kv_section
+    assert ("CPU 시계" in kv_section) == (judged["clock"] == "cpu")
+    if judged["low"] <= 1 <= judged["high"]:
+        assert "말할 수 없습니다" in kv_section and "배, 시간을" not in kv_section and "일을" not in kv_section
+    elif judged["low"] > 1:
+        assert ("배, 시간을" in kv_section or "일을" in kv_section) and "말할 수 없습니다" not in kv_section
+    assert math.isfinite(speedup["ratio"]) and math.isfinite(judged["ratio"])
 
 
 def test_the_check_passes_or_fails_the_same_way_with_a_warning_on_top(contended):

@@ -330,6 +330,6 @@ def test_report_shows_the_model_and_warns_about_a_random_one(built, tmp_path):
     assert f"`pretrain` (minimind-3, 파라미터 {card['models']['pretrain']['parameters']:,}개)" in head
     # where each field came from: the report beyond the sheet says it
     beyond = (built / "results" / "beyond.md").read_text(encoding="utf-8")
-    assert "`pretrain`, minimind-3: 파일에서 읽음 vocab_size" in beyond
+    assert "`pretrain`, `sft`, minimind-3: 파일에서 읽음 vocab_size" in beyond  # alike: one line for both
     check = load(built, "check")
     assert set(card["warnings"]) <= set(check["warnings"]) and check["ok"] is True  # (with any timing's)

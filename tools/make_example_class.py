@@ -97,9 +97,11 @@ def make_class(results: Path, out: Path, tolerance: int = GRADE["temp_tolerance"
     n_rep = n_rep if n_rep > 1 else 2
     wrong = {**kv, "k_shape": [kv["k_shape"][0], kv["k_shape"][1], kv["k_shape"][2] * n_rep, kv["k_shape"][3]],
              "measured_bytes": kv["measured_bytes"] * n_rep, "formula_bytes": kv["formula_bytes"] * n_rep}
-    folder("s02", report=handwritten_report(speedup, f"{wrong['measured_bytes']:,}", count, topp),
-           **{"kvbytes.json": wrong})
-    student("s02", "이서연", ["kv_bytes"], "k_shape and bytes after repeat_kv")
+    # Their report is the workflow's, which states the true bytes as measured and theirs only in a
+    # hypothetical clause ("after repeat_kv it would be ..."): not a measurement of theirs.
+    folder("s02", report=(results / "report.md").read_text(encoding="utf-8"), **{"kvbytes.json": wrong})
+    student("s02", "이서연", ["kv_bytes", "report_measured_bytes"],
+            "k_shape and bytes after repeat_kv; the report's measured bytes are not kvbytes.json's")
 
     # s03: the report's speedup is another run's (one 25% off), the bytes are under ## top-p.
     folder("s03", report=handwritten_report(f"{timing['speedup'] * 1.25:.2f}", measured, count, topp,

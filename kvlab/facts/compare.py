@@ -9,9 +9,12 @@ per token, so its speedup climbs toward the token ratio.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kvlab.engine.config import MiniMindConfig
+from kvlab.facts import timing
 
 # The lab's own pretrained model: always the first row.
 LAB_NAME = "lab"
@@ -47,19 +50,40 @@ def fixed_share(row: dict, use_cache: bool, fit: dict | None = None) -> float:
     return fixed / (fixed + per_token) if fixed + per_token > 0 else float("nan")
 
 
+def share_with_spread(shares) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile) of the shares the per-run fits give: the value a table
+    shows and the interval beside it, which holds it."""
+    median, low, high = np.percentile(shares, [50, 25, 75])
+    return float(median), float(low), float(high)
+
+
+def cpu_speedup(cost: dict) -> dict:
+    """The model's speedup on the timing thread's CPU clock (kvlab.facts.timing), from its generations'
+    clocks: {speedup_cpu, speedup_cpu_low, speedup_cpu_high}, NaN where they were not kept."""
+    usage = cost.get("generate_usage") or {}
+    slow, fast = (timing.cpu_summary(usage.get(mode)) for mode in ("without_cache", "with_cache"))
+    if not slow or not fast or fast["q1_s"] <= 0:
+        return {"speedup_cpu": math.nan, "speedup_cpu_low": math.nan, "speedup_cpu_high": math.nan}
+    cpu = timing.ratio_interval(slow, fast)
+    return {"speedup_cpu": cpu["ratio"], "speedup_cpu_low": cpu["low"], "speedup_cpu_high": cpu["high"]}
+
+
 def compare_rows(costs: dict[str, dict], kinds: dict[str, str]) -> list[dict]:
     """compare.csv: one row a model, in the given order, with what the figure and the report need:
-    its cost.json but the samples, and the fixed share of an average step by its fit, with the
-    quartiles of the shares its per-run fits give (the share's spread) for a step without the cache."""
+    its cost.json but the samples; its speedup on the CPU clock too (`cpu_speedup`); and the fixed
+    share of an average step, with the cached step's by the model's fit, and the uncached step's as
+    the median of the shares its per-run fits give, between their quartiles (the share's spread).
+    A model measured before the per-run fits were kept has its fit's share, its interval that one
+    value."""
     rows = []
     for name, cost in costs.items():
         row = {"name": name, "weights": kinds[name],
                **{key: value for key, value in cost.items() if key not in ("generate_samples_s", "generate_usage", "fit_runs")}}
+        row.update(cpu_speedup(cost))
         row["fixed_share_with_cache"] = fixed_share(row, use_cache=True)
-        row["fixed_share_without_cache"] = fixed_share(row, use_cache=False)
-        shares = [fixed_share(row, False, fit) for fit in cost.get("fit_runs", [])] or [row["fixed_share_without_cache"]]
-        low, high = np.percentile(shares, [25, 75])
-        row["fixed_share_without_cache_low"], row["fixed_share_without_cache_high"] = float(low), float(high)
+        shares = [fixed_share(row, False, fit) for fit in cost.get("fit_runs", [])] or [fixed_share(row, use_cache=False)]
+        (row["fixed_share_without_cache"], row["fixed_share_without_cache_low"],
+         row["fixed_share_without_cache_high"]) = share_with_spread(shares)
         rows.append(row)
     return rows
 

@@ -104,6 +104,8 @@ RESULTS = _results(
     Result("lab_report", "results/lab_report.html", LAB_REPORT, timed=True),
     # the lab as a page a student plays with, from the results and what only it reads (explore_steps)
     Result("explore", "results/explore.html", LAB_REPORT, timed=True),
+    # the Hangul font of `snakemake --report`'s front page (report/workflow.rst includes it), written beside it
+    Result("front_page_font", "results/front_page_font.html"),
     # what the steps write beside the sheet's files
     Result("prompt", "results/prompt.json"),
     Result("model_card", "results/model_card.json"),
@@ -174,10 +176,13 @@ FIGURES = {
 # nor a log of events (JSON Lines: the reports read tables and JSON documents).
 REPORT_READS = tuple(name for name, result in RESULTS.items()
                      if result.category in (LAB_SHEET, BEYOND, None) and result.by_all
-                     and name not in ("lab_tables", "check", "folder_check", "explore_steps")
+                     and name not in ("lab_tables", "check", "folder_check", "explore_steps", "front_page_font")
                      and not result.path.endswith(".jsonl"))
+# The sheet's report counts the timings beyond the sheet that the machine disturbed, so it reads every
+# timed result (kvlab.facts.disturbed), and batch_runs for its serving section's clock.
 SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
-               "batch", "fidelity")
+               "batch", "batch_runs", "sweep", "sweep_runs", "latency", "compare", "step_anatomy", "serve_timing",
+               "fidelity")
 # What the lab's page (results/explore.html, kvlab.present.explore) is drawn from, by name: the generation
 # opened step by step, and the results whose numbers it shows.
 EXPLORE_READS = ("explore_steps", "counts", "kvbytes", "temp", "temp_answers", "topp", "topp_sharp", "topp_curve",
@@ -205,9 +210,10 @@ def built_by_all(with_fidelity: bool) -> list[str]:
 
 def report_inputs(with_fidelity: bool, report: str = "beyond") -> dict[str, str]:
     """A report's inputs, by the name its templates read each by. The sheet's report ("report") reads
-    the sheet's results, what its steps write beside them, the two results its serving section sets
-    beside them (kv_capacity, batch) and fidelity's verdict; the report beyond it ("beyond") reads
-    every result and each of the lab's figures (by its rule's name)."""
+    the sheet's results, what its steps write beside them, the results its serving section sets
+    beside them (kv_capacity, batch and its runs), every timed result beyond the sheet (it counts the
+    disturbed ones) and fidelity's verdict; the report beyond it ("beyond") reads every result and each
+    of the lab's figures (by its rule's name)."""
     names = SHEET_READS if report == "report" else REPORT_READS
     inputs = {name: RESULTS[name].path for name in names if with_fidelity or name not in OPTIONAL}
     if report == "report":

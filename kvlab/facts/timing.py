@@ -21,6 +21,14 @@ CONTENDED_RUNS_SHARE of its runs or more were: then its quartiles, which the spe
 read from, may be contended runs. On a GPU the CPU waits for the device by design, so its share says
 nothing about the machine: such a timing is "not judged" (its numbers are kept).
 
+Two clocks, two questions. The wall clock (perf_counter) is what a person waited: the sheet's
+time.json keeps its medians. The timing thread's CPU clock is what the work cost: a run that waited
+for its CPU counts another program's time on the wall, not on the CPU (`cpu_seconds`). A comparison
+of two timings is judged on the CPU clock when either was contended, on the wall clock when neither
+was (kvlab.present.verdicts.on_clock). The CPU clock is closer to the truth, not exact: a neighbour
+on the same physical core still slows the work's own cycles, so a CPU-clock value keeps its interval
+and is this run's.
+
 Free of PyTorch: the report and `check` read these summaries; the timed steps call `repeat` with
 the work to time (and a `usage` dict, from `empty_usage`, to read the clocks of every run).
 """
@@ -97,26 +105,30 @@ def contention(usage: dict | None, judged: bool = True) -> dict:
     bool: CONTENDED_RUNS_SHARE of the runs or more contended; False when not judged), `contention`
     ("judged", "not judged" on a GPU, "not measured" without usage), `contended_runs` (the share of
     runs contended), the medians of the runs' `cpu_share` (timing thread's CPU over wall) and
-    `process_cpu_share` (every thread's, which can pass 1 with several threads), `switches_per_s`
-    (involuntary context switches per second over all runs) and `load_1m` (the highest 1-minute load
-    average after a run). The numbers are None without usage."""
+    `process_cpu_share` (every thread's, which can pass 1 with several threads), the median CPU share
+    of the contended runs alone (`contended_cpu_share`: under the rule by definition; None when no run
+    was), `switches_per_s` (involuntary context switches per second over all runs) and `load_1m` (the
+    highest 1-minute load average after a run). The numbers are None without usage."""
     if not usage or not usage.get("wall_s"):
         return {"contended": False, "contention": "not measured", "contended_runs": None, "cpu_share": None,
-                "process_cpu_share": None, "switches_per_s": None, "load_1m": None}
+                "process_cpu_share": None, "contended_cpu_share": None, "switches_per_s": None, "load_1m": None}
     wall = np.asarray(usage["wall_s"], dtype=float)
     thread_cpu = np.asarray(usage["thread_cpu_s"], dtype=float)
     per_wall = np.where(wall > 0, wall, 1.0)  # a run too short for the clock took nothing from anyone
     flags = [run_contended(w, c) for w, c in zip(wall, thread_cpu)]
     share = sum(flags) / len(flags)
+    shares = np.where(wall > 0, thread_cpu / per_wall, 1.0)
+    waited = [float(x) for x, flag in zip(shares, flags) if flag]
     loads = [load for load in usage["load_1m"] if not math.isnan(load)]
     total = float(wall.sum())
     return {
         "contended": bool(judged and share >= CONTENDED_RUNS_SHARE),
         "contention": "judged" if judged else "not judged",
         "contended_runs": share,
-        "cpu_share": float(np.median(np.where(wall > 0, thread_cpu / per_wall, 1.0))),
+        "cpu_share": float(np.median(shares)),
         "process_cpu_share": float(np.median(np.where(wall > 0, np.asarray(usage["cpu_s"], dtype=float) / per_wall,
                                                       1.0))),
+        "contended_cpu_share": float(np.median(waited)) if waited else None,
         "switches_per_s": float(sum(usage["switches"])) / total if total > 0 else 0.0,
         "load_1m": max(loads) if loads else None,
     }
@@ -158,9 +170,10 @@ def ratio_interval(slow: dict, fast: dict) -> dict:
 
 def spread_columns(summaries: dict[str, dict], speedup: dict) -> dict:
     """The columns that give a table's row of a speedup its spread (sweep.csv, compare.csv): the
-    interval, each mode's number of runs, IQR share and median CPU share (`summaries` by mode),
-    whether either mode was unstable, whether either was contended, and how contention was judged
-    (the first mode's `contention`: both run on one device)."""
+    interval, each mode's number of runs, IQR share, median CPU share, share of contended runs and
+    those runs' median CPU share (`summaries` by mode), whether either mode was unstable, whether
+    either was contended, and how contention was judged (the first mode's `contention`: both run on
+    one device)."""
     modes = list(summaries.values())
     return {
         "speedup_low": speedup["low"],
@@ -169,9 +182,66 @@ def spread_columns(summaries: dict[str, dict], speedup: dict) -> dict:
         **{f"{mode}_iqr_share": summary["iqr_share"] for mode, summary in summaries.items()},
         "unstable": any(summary["unstable"] for summary in modes),
         **{f"{mode}_cpu_share": summary.get("cpu_share") for mode, summary in summaries.items()},
+        **{f"{mode}_contended_runs": summary.get("contended_runs") for mode, summary in summaries.items()},
+        **{f"{mode}_contended_cpu_share": summary.get("contended_cpu_share") for mode, summary in summaries.items()},
         "contended": any(summary.get("contended", False) for summary in modes),
         "contention": modes[0].get("contention", "not measured") if modes else "not measured",
     }
+
+
+def cpu_seconds(usage: dict | None, samples=None) -> list[float] | None:
+    """Each run's seconds on the timing thread's CPU clock, from the run's `usage` (USAGE_KEYS): its
+    thread CPU seconds; or, for `samples` timed inside the runs (a decode within a generation, a step
+    within it), each sample times its run's CPU share (thread CPU over wall, at most 1: the part of the
+    run's wall time the thread was on a CPU). None without usage for every run (or sample)."""
+    if not usage or not usage.get("wall_s") or not usage.get("thread_cpu_s"):
+        return None
+    wall = np.asarray(usage["wall_s"], dtype=float)
+    thread_cpu = np.asarray(usage["thread_cpu_s"], dtype=float)
+    if samples is None:
+        return [float(x) for x in thread_cpu]
+    samples = np.asarray(samples, dtype=float)
+    if samples.size != wall.size:
+        return None
+    share = np.minimum(np.where(wall > 0, thread_cpu / np.where(wall > 0, wall, 1.0), 1.0), 1.0)
+    return [float(x) for x in samples * share]
+
+
+def cpu_summary(usage: dict | None, samples=None) -> dict | None:
+    """`summary` of a timing on the CPU clock (`cpu_seconds`), or None without usage."""
+    seconds = cpu_seconds(usage, samples)
+    return summary(seconds) if seconds else None
+
+
+def clocked_ratio(slow: dict, fast: dict, slow_usage: dict | None, fast_usage: dict | None,
+                  slow_samples=None, fast_samples=None) -> dict:
+    """slow / fast on both clocks: {"wall": ratio_interval of the summaries (its `contended` when
+    either was), "cpu": the same on the CPU clock (`cpu_summary` of each side's usage, and samples
+    when they are parts of the runs), or None without usage}."""
+    wall = ratio_interval(slow, fast)
+    slow_cpu, fast_cpu = cpu_summary(slow_usage, slow_samples), cpu_summary(fast_usage, fast_samples)
+    cpu = None
+    if slow_cpu and fast_cpu and slow_cpu["median_s"] > 0 and fast_cpu["median_s"] > 0 and fast_cpu["q1_s"] > 0:
+        cpu = {**ratio_interval(slow_cpu, fast_cpu), "contended": wall["contended"]}
+    return {"wall": wall, "cpu": cpu}
+
+
+def fit_step_cost(fed_tokens, seconds) -> dict:
+    """Least squares: seconds = fixed + per_token * fed_tokens. Returns both and R²."""
+    x = np.asarray(fed_tokens, dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    design = np.column_stack([np.ones_like(x), x])
+    (fixed, per_token), *_ = np.linalg.lstsq(design, y, rcond=None)
+    residual = y - (fixed + per_token * x)
+    spread = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((residual**2).sum()) / spread if spread > 0 else 1.0
+    return {"fixed_s": float(fixed), "per_token_s": float(per_token), "r2": r2,
+            "fed_min": int(x.min()), "fed_max": int(x.max()), "points": len(x)}
+
+
+def predict_time(fed_tokens, fit: dict) -> float:
+    """The fitted model's time for a generation that feeds `fed_tokens` (one entry per step)."""
+    return sum(fit["fixed_s"] + fit["per_token_s"] * fed for fed in fed_tokens)
 
 
 def overlap(first: tuple[float, float], second: tuple[float, float]) -> bool:

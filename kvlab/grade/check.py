@@ -342,6 +342,47 @@ def kv_section(report: str) -> str | None:
     return "\n".join(body)
 
 
+# A clause that states no measured number: a hypothetical ("after repeat_kv it would be 409,600 bytes",
+# "이후라면"), a prediction, or a comparison with another number ("not the formula's", "보다", "다릅니다").
+# Matched case-blind, as words in English (a hypothetical "if" is not the "if" of "diff").
+HYPOTHETICAL = ("would", "could", "if", "predict", "predicts", "predicted", "라면", "다면", "텐데", "예측")
+COMPARED = ("than", "not the", "instead of", "rather than", "unlike", "differ", "differs", "보다", "아니라",
+            "대신", "다릅", "달리", "비해")
+# Where a clause ends: a sentence's end (not a decimal point), a colon or semicolon, a comma before a
+# space (not a thousands separator), a table cell's bar, a line's end; a parenthesis is a clause of its own.
+_CLAUSE_END = re.compile(r"[.!?。](?=\s|$)|[:;|\n]|,(?=\s)")
+_PARENTHESIS = re.compile(r"\([^()\n]*\)")
+
+
+def _states_no_measurement(clause: str) -> bool:
+    lowered = clause.lower()
+    for marker in (*HYPOTHETICAL, *COMPARED):
+        if marker.isascii():
+            if re.search(rf"(?<![a-z]){re.escape(marker)}(?![a-z])", lowered):
+                return True
+        elif marker in clause:
+            return True
+    return False
+
+
+def stated_as_measured(section: str) -> str:
+    """`section` with every clause that states no measured number blanked out (HYPOTHETICAL, COMPARED),
+    so that a number is found only where the report gives it as what was measured: "measured_bytes =
+    204,800 bytes" is kept, "(after repeat_kv it would be 409,600 bytes)" and "not the formula's 409,600
+    bytes" are not. A parenthesis is judged on its own, then the clauses around it; blanked text
+    becomes spaces, so no two numbers join."""
+    def blank(match: re.Match) -> str:
+        return " " * len(match.group(0)) if _states_no_measurement(match.group(0)) else match.group(0)
+
+    text = _PARENTHESIS.sub(blank, section)
+    kept, start = [], 0
+    for end in [m.end() for m in _CLAUSE_END.finditer(text)] + [len(text)]:
+        clause = text[start:end]
+        kept.append(" " * len(clause) if _states_no_measurement(clause) else clause)
+        start = end
+    return "".join(kept)
+
+
 def rounds_to(written: str, value: float, min_significant: int) -> bool:
     """`written` (e.g. "4.63", "1,234.5") is `value` rounded to the decimals written, with at least
     `min_significant` significant digits."""
@@ -379,17 +420,18 @@ def _shown_forms(forms) -> str:
 
 
 def _written_in_kv_section(folder, label: str, source: str, as_what: str, forms_of, matches):
-    """Whether the report's KV section writes `label` (from `source`) as `as_what`: among the forms
-    `forms_of(section)` finds (each ending in the text as written), one that `matches`."""
+    """Whether the report's KV section writes `label` (from `source`) as `as_what`, stated as measured:
+    among the forms `forms_of` finds in its clauses that state a measurement (`stated_as_measured`),
+    each ending in the text as written, one that `matches`."""
     section = kv_section(folder.report())
     if section is None:
         return False, f"no {KV_HEADING} section to find {label} in"
-    forms = forms_of(section)
+    forms = forms_of(stated_as_measured(section))
     found = [form[-1] for form in forms if matches(form)]
     if found:
         return True, f"{label} found in {KV_HEADING} as {found[0]}"
-    return False, (f"{label} ({source}) not found in {KV_HEADING} as {as_what}; "
-                   f"what it writes as {as_what}: {_shown_forms(forms)}")
+    return False, (f"{label} ({source}) not found in {KV_HEADING} as {as_what}, stated as measured; "
+                   f"what it states as measured {as_what}: {_shown_forms(forms)}")
 
 
 def report_speedup(folder, settings):
@@ -500,3 +542,16 @@ def verdict_table(result: dict) -> str:
 def failure_message(result: dict) -> str:
     failed = {name: v["detail"] for name, v in result["rules"].items() if not v["ok"]}
     return "check failed: " + "; ".join(f"{name} ({detail})" for name, detail in failed.items())
+
+
+def failed_check(path) -> str | None:
+    """The line a run ends on when the check written to `path` (results/check.json, or another folder's
+    results/check/NAME.json) failed: `failure_message`; None when it passed, or is not there (not run,
+    or unreadable: the job that writes it says why)."""
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict) or result.get("ok") is not False or not isinstance(result.get("rules"), dict):
+        return None
+    return failure_message(result)

@@ -9,7 +9,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
+from markupsafe import Markup
+
 from kvlab.grade.classroom import class_rows, pass_rate_rows
+from kvlab.present.fonts import font_family, with_font
 from kvlab.present.figures import drawing, save
 from kvlab.present.i18n import N_, gettext_for
 from kvlab.present.pages import sandboxed_template
@@ -30,7 +33,8 @@ def class_page(template_path, graded: list[dict], figure_paths, language: str, k
     test's pass rate with what it grades, the figures embedded, and each student's row with the tests
     not passed and their output. Its words are in `language` (the catalog of kvlab.present.i18n), the
     tests' lines of kvlab.grade.check.RULES too; the outputs stay as the grader wrote them. Rendered
-    with autoescape: names and outputs quote what students wrote."""
+    with autoescape: names and outputs quote what students wrote. The page carries its Hangul font
+    (kvlab.present.fonts), cut to its characters."""
     figures = {Path(path).stem: base64.b64encode(Path(path).read_bytes()).decode("ascii") for path in figure_paths}
     grades = class_rows(graded)
     scores = sorted(row["score"] for row in grades)
@@ -44,8 +48,11 @@ def class_page(template_path, graded: list[dict], figure_paths, language: str, k
                 for row, result in zip(grades, graded)]
     translate = gettext_for(language)
     tests = [{**row, "what": translate(row["what"])} for row in pass_rate_rows(graded)]
-    return sandboxed_template(template_path, autoescape=True, language=language).render(
-        lang=language, summary=summary, key=key, tests=tests, students=students, figures=figures)
+    template = sandboxed_template(template_path, autoescape=True, language=language)
+    # the Hangul font, cut to the page's own characters (a student's name among them)
+    return with_font(lambda font_face: template.render(
+        lang=language, summary=summary, key=key, tests=tests, students=students, figures=figures,
+        font_face=Markup(font_face), font_family=Markup(font_family())))
 
 
 def class_scores(rows: list[dict], path, language: str = "en") -> None:

@@ -24,6 +24,7 @@ from kvlab.engine.device import timing_context
 from kvlab.measure import steps
 from kvlab.facts import timing
 from kvlab.facts.formulas import MODES, fed_formulas
+from kvlab.facts.timing import fit_step_cost, predict_time  # noqa: F401  (the per-step fit, torch-free)
 
 log = logging.getLogger("kvlab")
 
@@ -93,24 +94,6 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
 # ---------------------------------------------------------------------------
 # Latency split: every forward call of step 3's generation
 # ---------------------------------------------------------------------------
-
-
-def fit_step_cost(fed_tokens, seconds) -> dict:
-    """Least squares: seconds = fixed + per_token * fed_tokens. Returns both and R²."""
-    x = np.asarray(fed_tokens, dtype=float)
-    y = np.asarray(seconds, dtype=float)
-    design = np.column_stack([np.ones_like(x), x])
-    (fixed, per_token), *_ = np.linalg.lstsq(design, y, rcond=None)
-    residual = y - (fixed + per_token * x)
-    spread = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((residual**2).sum()) / spread if spread > 0 else 1.0
-    return {"fixed_s": float(fixed), "per_token_s": float(per_token), "r2": r2,
-            "fed_min": int(x.min()), "fed_max": int(x.max()), "points": len(x)}
-
-
-def predict_time(fed_tokens, fit: dict) -> float:
-    """The fitted model's time for a generation that feeds `fed_tokens` (one entry per step)."""
-    return sum(fit["fixed_s"] + fit["per_token_s"] * fed for fed in fed_tokens)
 
 
 def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,

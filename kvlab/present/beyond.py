@@ -1,15 +1,21 @@
 """The sections of results/beyond.md: what lies beyond the lab sheet, each short, each a function of the
 loaded result files alone, giving nothing when its result was not built. The wide tables stay in
 the result files and lab_tables.html; each section here shows at most six columns, its figure, and
-the sentences its verdicts (kvlab.present.verdicts) choose.
+the sentences its verdicts (kvlab.present.verdicts) choose, every timed comparison on the clock it
+is judged on (kvlab.present.clocks: the CPU clock's when a side was contended).
 """
 
 from __future__ import annotations
 
 import math
 
-from kvlab.facts.formulas import BATCH_MODES, VLLM_PAPER, fits_budgets
-from kvlab.present.verdicts import against, comparison, direction, on_clock, steps, trend, value_against
+import numpy as np
+
+from kvlab.facts import timing
+from kvlab.facts.formulas import BATCH_MODES, MODES, VLLM_PAPER, fits_budgets
+from kvlab.present import clocks
+from kvlab.present.verdicts import (against, comparison, direction, gap_cause, growth, on_clock, one_clock, steps,
+                                    trend, value_against)
 
 
 def model_section(results: dict) -> dict:
@@ -18,14 +24,22 @@ def model_section(results: dict) -> dict:
 
 
 def model_card_context(card: dict) -> dict:
-    """model_card.json with each model's fields grouped by where they came from."""
+    """model_card.json with each model's fields grouped by where they came from; models alike in every
+    field and its source are given once, with all their names."""
     models = []
     for name, entry in card["models"].items():
         by_source: dict[str, list[str]] = {}
         for field, source in entry["sources"].items():
             by_source.setdefault(source, []).append(f"{field} {entry['config'][field]}")
-        models.append({"name": name, "layout": entry["layout"], "parameters": entry["parameters"],
-                       "config": entry["config"], "by_source": by_source, "head_count": entry.get("head_count")})
+        model = {"names": [name], "layout": entry["layout"], "parameters": entry["parameters"],
+                 "config": entry["config"], "by_source": by_source, "head_count": entry.get("head_count")}
+        # models of one layout whose every field came from the same place are one line: `pretrain`, `sft`
+        same = next((other for other in models if {k: v for k, v in other.items() if k != "names"}
+                     == {k: v for k, v in model.items() if k != "names"}), None)
+        if same is None:
+            models.append(model)
+        else:
+            same["names"].append(name)
     return {"models": models, "warnings": card["warnings"], "perplexity": card["prompt_perplexity"],
             "tokenizer_vocab_size": card["tokenizer_vocab_size"]}
 
@@ -41,36 +55,74 @@ def sweep_section(results: dict) -> dict:
     against the token gain."""
     if "sweep" not in results:
         return {}
-    rows = [{**row, "formulas_match": formulas_match(row)} for row in results["sweep"]]
+    pairs = [clocks.sweep_speedup(row, results.get("sweep_runs")) for row in results["sweep"]]
+    # every N on one clock: the CPU clock's when any N's runs waited for the CPU
+    judged = one_clock([pair["wall"] for pair in pairs], [pair["cpu"] for pair in pairs])
+    rows = [{**row, "formulas_match": formulas_match(row), "shown": shown}
+            for row, shown in zip(results["sweep"], judged["values"])]
     last = rows[-1]
     return {"sweep": {"rows": rows, "last": last, "all_match": all(row["formulas_match"] for row in rows),
-                      "all_same": all(row["same_ids"] for row in rows),
-                      "time_vs_tokens": against((last["speedup_low"], last["speedup_high"]), last["token_ratio"])}}
+                      "all_same": all(row["same_ids"] for row in rows), "clock": judged["clock"],
+                      "time_vs_tokens": against(judged["intervals"][-1], last["token_ratio"])}}
 
 
 def latency_section(results: dict) -> dict:
     """Step 3's generation timed a step at a time: TTFT, TPOT, and what a fixed cost per step plus a
-    cost per token fed predicts, against what was measured."""
+    cost per token fed predicts, against what was measured, on one clock (`latency_on_clock`), and
+    where a prediction that misses goes wrong (`gap_cause`)."""
     if "latency" not in results:
         return {}
     latency = results["latency"]
+    judged = on_clock(*clocks.latency_speedup(latency).values())
+    fit, predicted, outside = latency_on_clock(latency, judged["clock"])
+    interval = (judged["low"], judged["high"])
+    cached = latency["with_cache"]
+    decode = cached["step_s"][1:]
+    quarter = max(len(decode) // 4, 1)
+    cached_growth = growth(decode[:quarter], decode[-quarter:]) if len(decode) >= 2 else "flat"
+    speedup = predicted["without_cache"] / predicted["with_cache"]
+    prediction = value_against(speedup, interval)
     return {"latency": {
         **{label: {key: latency[label][key] for key in ("ttft_s", "ttft", "tpot_s", "sum_steps_s", "generate_s",
                                                        "generate")}
            for label in ("with_cache", "without_cache")},
-        "fit": latency["fit"],
-        "predicted": latency["predicted"],
-        # the speedup of these same instrumented generations, the one the fit predicts
-        "measured": latency["measured"],
+        "fit": fit, "clock": judged["clock"],
+        "predicted": {**predicted, "speedup": speedup},
+        # the speedup of these same instrumented generations, the one the fit predicts, on the judged clock
+        "measured": judged,
         "new_tokens": latency["new_tokens"],
         "prompt_len": latency["prompt_len"],
         "ttft_agree": latency["ttft_agree"],
         # a fit that explains little, or a negative fixed cost, says the clock was noisy
-        "fit_unreliable": latency["fit"]["r2"] < 0.8 or latency["fit"]["fixed_s"] <= 0,
+        "fit_unreliable": fit["r2"] < 0.8 or fit["fixed_s"] <= 0,
         # the prediction against the measured interval: "above", "below" or "within" it
-        "prediction": value_against(latency["predicted"]["speedup"],
-                                    (latency["measured"]["low"], latency["measured"]["high"])),
+        "prediction": prediction,
+        # each generation's time outside its forward calls, and why a prediction that misses does
+        "outside": outside, "cached_growth": cached_growth,
+        "gap": gap_cause(predicted, outside, interval, cached_growth) if prediction != "within" else None,
     }}
+
+
+def latency_on_clock(latency: dict, clock: str) -> tuple[dict, dict, dict]:
+    """The per-step fit on `clock`, with each mode's time by it and each generation's time outside its
+    forward calls: latency.json's own (wall clock), or made again on the CPU clock, each run's step
+    times times its run's CPU share (kvlab.facts.timing.cpu_seconds)."""
+    labels = [label for label, _ in MODES]
+    if clock == "wall":
+        fit = latency["fit"]
+        predicted = {label: latency["predicted"][f"{label}_s"] for label in labels}
+        return fit, predicted, {label: latency[label]["generate_s"] - latency[label]["sum_steps_s"] for label in labels}
+    step_s, generate_s = {}, {}
+    for label in labels:
+        mode = latency[label]
+        step_s[label] = [float(np.median(timing.cpu_seconds(mode["usage"], samples)))
+                         for samples in mode["step_samples_s"]]
+        generate_s[label] = timing.cpu_summary(mode["usage"])["median_s"]
+    fit = {**timing.fit_step_cost([fed for label in labels for fed in latency[label]["fed_tokens"]],
+                                  [seconds for label in labels for seconds in step_s[label]]),
+           "on": latency["fit"].get("on")}
+    predicted = {label: timing.predict_time(latency[label]["fed_tokens"], fit) for label in labels}
+    return fit, predicted, {label: generate_s[label] - sum(step_s[label]) for label in labels}
 
 
 def capacity_section(results: dict) -> dict:
@@ -109,7 +161,7 @@ def compare_section(results: dict) -> dict:
 
 
 def batch_section(results: dict) -> dict:
-    return {"batch": batch_context(results["batch"])} if "batch" in results else {}
+    return {"batch": batch_context(results["batch"], results.get("batch_runs"))} if "batch" in results else {}
 
 
 def kv_waste_section(results: dict) -> dict:
@@ -158,6 +210,9 @@ def anatomy_context(data: dict, latency: dict | None) -> dict:
     cached = anatomy["with_cache_cat"]
     fixed = cached["shares"]["fixed"]
     compiled = curve.get("compiled")
+    cat_over_static = on_clock(*clocks.curve_ratio(curve, "cat", "static").values())
+    pair = clocks.curve_ratio(curve, "static", "compiled") if compiled else None
+    static_over_compiled = on_clock(*pair.values()) if pair else None
     return {
         **steps,
         "steps": names,
@@ -173,30 +228,37 @@ def anatomy_context(data: dict, latency: dict | None) -> dict:
         "fit_fixed_ms": latency["fit"]["fixed_s"] * 1e3 if latency else None,
         "curve": curve,
         "longest": curve["contexts"][-1],
-        # cat / static: "above" 1 when MiniMind's cache is slower, "below" when faster, "within" can't tell
-        "static_vs_cat": against((curve["cat_over_static"]["low"], curve["cat_over_static"]["high"]), 1.0),
+        # cat / static at the longest context, on the CPU clock when either step's runs waited for it
+        "cat_over_static": cat_over_static,
+        # "above" 1 when MiniMind's cache is slower, "below" when faster, "within" can't tell
+        "static_vs_cat": cat_over_static["verdict"],
+        "static_over_compiled": static_over_compiled,
         "compiled": compiled,
         "compiled_same_token": all(compiled["same_next_token"]) if compiled else None,
         "compiled_max_difference": max(compiled["max_logit_difference"]) if compiled else None,
         # compiled at the shortest context, even its third quartile under the eager step's fixed cost:
         # compiling cut the fixed cost itself, not only the arithmetic
         "compiled_under_fixed": bool(compiled and compiled["q3_ms"][0] < anatomy["with_cache_static"]["ms"]["fixed"]),
-        "compiled_vs_static": (against((curve["static_over_compiled"]["low"], curve["static_over_compiled"]["high"]), 1.0)
-                               if compiled else None),
+        "compiled_vs_static": static_over_compiled["verdict"] if static_over_compiled else None,
     }
 
 
 def compare_context(rows: list[dict]) -> dict:
     """compare.csv by model size, with the speedup as a share of the token ratio, and how the speedup
     and the fixed share of an average no-cache step move from one size to the next, told step by step
-    where the spreads of neighbouring sizes do not meet."""
-    rows = sorted(({**row, "of_ratio": row["speedup"] / row["token_ratio"], "formulas_match": formulas_match(row),
-                    "bytes_match": row["kv_bytes_per_token_formula"] == row["kv_bytes_per_token_measured"]}
-                   for row in rows), key=lambda row: row["parameters"])
-    speedups = [(row["speedup_low"], row["speedup_high"]) for row in rows]
+    where the spreads of neighbouring sizes do not meet; the speedups on one clock (the CPU clock's
+    when any model's runs were contended), each row's as `shown`."""
+    rows = sorted(rows, key=lambda row: row["parameters"])
+    pairs = [clocks.compare_speedup(row) for row in rows]
+    # every model on one clock: the CPU clock's when any model's runs waited for the CPU
+    judged = one_clock([pair["wall"] for pair in pairs], [pair["cpu"] for pair in pairs])
+    rows = [{**row, "shown": shown, "of_ratio": shown["ratio"] / row["token_ratio"], "formulas_match": formulas_match(row),
+             "bytes_match": row["kv_bytes_per_token_formula"] == row["kv_bytes_per_token_measured"]}
+            for row, shown in zip(rows, judged["values"])]
+    speedups = judged["intervals"]
     shares = [(row["fixed_share_without_cache_low"], row["fixed_share_without_cache_high"]) for row in rows]
     return {
-        "rows": rows, "smallest": rows[0], "largest": rows[-1],
+        "rows": rows, "smallest": rows[0], "largest": rows[-1], "clock": judged["clock"],
         "speedup_steps": [{"from": a["name"], "to": b["name"], "verdict": verdict}
                           for a, b, verdict in zip(rows, rows[1:], steps(speedups))],
         "speedup_trend": trend(speedups), "fixed_share_trend": trend(shares),
@@ -206,26 +268,36 @@ def compare_context(rows: list[dict]) -> dict:
     }
 
 
-def batch_context(rows: list[dict]) -> dict:
+def batch_context(rows: list[dict], batch_runs: dict | None = None) -> dict:
     """batch.tsv by mode, with what the prose may say: whether the largest B makes tokens faster than
     the smallest (its gain's interval above 1), up to which B the throughput grows clearly (each B's
-    interval above the one before), and how a decode step's time grew before and after that B."""
+    interval above the one before), and how a decode step's time grew before and after that B. A
+    mode's throughputs are judged on one clock: the CPU clock's (tokens per second of the decode's CPU
+    time, from batch_runs.json's runs) when any of its batches waited for the CPU; each row's judged
+    throughput is its `shown`."""
     modes = {}
     for mode in BATCH_MODES:
         mode_rows = [row for row in rows if row["mode"] == mode]
         if not mode_rows:
             continue
+        pairs = [clocks.batch_throughput(row, batch_runs) for row in mode_rows]
+        judged = one_clock([pair["wall"] for pair in pairs], [pair["cpu"] for pair in pairs])
+        mode_rows = [{**row, "shown": shown} for row, shown in zip(mode_rows, judged["values"])]
+        intervals = judged["intervals"]
         first, last = mode_rows[0], mode_rows[-1]
         grows_to = first
-        for before, after in zip(mode_rows, mode_rows[1:]):
-            if after["S_TG_low"] <= before["S_TG_high"]:
+        for index in range(1, len(mode_rows)):
+            if intervals[index][0] <= intervals[index - 1][1]:
                 break
-            grows_to = after
+            grows_to = mode_rows[index]
+        gain_pair = clocks.batch_gain(pairs[0], pairs[-1], first, last, batch_runs)
+        # the largest B over the smallest, on the mode's clock
+        gain = on_clock({**gain_pair["wall"], "contended": judged["clock"] == "cpu"}, gain_pair["cpu"])
         modes[mode] = {
-            "rows": mode_rows, "first": first, "last": last, "grows_to": grows_to,
+            "rows": mode_rows, "first": first, "last": last, "grows_to": grows_to, "clock": judged["clock"],
             # the throughput from each B to the next: "rises", "falls" or "unclear" (intervals meet)
-            "steps": steps((row["S_TG_low"], row["S_TG_high"]) for row in mode_rows),
-            "gain": against((last["S_TG_gain_low"], last["S_TG_gain_high"]), 1.0),
+            "steps": steps(intervals),
+            "gain": gain["verdict"], "gain_ratio": gain["ratio"],
             "still_growing": grows_to is last,
             # a decode step's time against the rows it serves, up to grows_to and after it
             "step_before": grows_to["ms_per_step"] / first["ms_per_step"], "rows_before": grows_to["B"] / first["B"],
@@ -236,7 +308,7 @@ def batch_context(rows: list[dict]) -> dict:
         # the per-row work sets the step's time once the step grows at least half as fast as the rows
         mode["row_bound"] = not mode["still_growing"] and mode["step_after"] >= 1 + (mode["rows_after"] - 1) / 2
     return {
-        "rows": rows, "modes": modes,
+        "rows": rows, "modes": modes, "clock": "cpu" if any(m["clock"] == "cpu" for m in modes.values()) else "wall",
         "all_same": all(row["same_as_single"] for row in rows),
         "differing": [f"{row['mode']} B = {row['B']}" for row in rows if not row["same_as_single"]],
         "bytes_match": all(row["kv_bytes_measured"] == row["kv_bytes_formula"] for row in rows),
@@ -270,16 +342,21 @@ def kv_waste_context(rows: list[dict], detail: dict) -> dict:
 
 
 def capacity_table(rows: list[dict]) -> dict:
-    """kv_capacity.csv as one line per (model, dtype, context) with the requests that fit each budget,
-    and whether every measured byte count equals the formula."""
+    """kv_capacity.csv at its first budget, one line per (model, dtype) with the requests that fit at
+    each context (the other budgets stay in the file), and whether every measured byte count equals
+    the formula."""
     budgets = list(dict.fromkeys(row["budget_gib"] for row in rows))
+    contexts = list(dict.fromkeys(row["context_tokens"] for row in rows))
     lines: dict = {}
     for row in rows:
-        line = lines.setdefault((row["model"], row["dtype"], row["context_tokens"]), {
-            "model": row["model"], "dtype": row["dtype"], "context": row["context_tokens"],
-            "bytes_per_token": row["bytes_per_token_measured"], "fits": {}})
-        line["fits"][row["budget_gib"]] = row["max_requests"]
-    return {"budgets": budgets, "lines": [{**line, "fits": [line["fits"][b] for b in budgets]} for line in lines.values()],
+        if row["budget_gib"] != budgets[0]:
+            continue
+        line = lines.setdefault((row["model"], row["dtype"]), {
+            "model": row["model"], "dtype": row["dtype"], "bytes_per_token": row["bytes_per_token_measured"],
+            "fits": {}})
+        line["fits"][row["context_tokens"]] = row["max_requests"]
+    return {"budget": budgets[0], "budgets": budgets, "contexts": contexts,
+            "lines": [{**line, "fits": [line["fits"].get(context) for context in contexts]} for line in lines.values()],
             "all_match": all(row["bytes_per_token_formula"] == row["bytes_per_token_measured"] for row in rows)}
 
 

@@ -10,9 +10,7 @@ Title and Description metadata hold the figure's title and every label drawn.
 
 from __future__ import annotations
 
-import importlib.util
 from contextlib import contextmanager
-from pathlib import Path
 
 import matplotlib
 
@@ -24,18 +22,17 @@ import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
 from kvlab.io import atomic_path  # noqa: E402
+from kvlab.present.fonts import HANGUL_FONT, hangul_font_path  # noqa: E402,F401  (the figures' face)
 from kvlab.present.i18n import N_, check_language, gettext_for  # noqa: E402
 from kvlab.facts.compare import average_step_s, fixed_share  # noqa: E402
 from kvlab.facts.formulas import VLLM_PAPER, fits_budgets  # noqa: E402
 
 WITH_CACHE_COLOR = "tab:blue"
 WITHOUT_CACHE_COLOR = "tab:red"
-HANGUL_FONT = "NanumGothic"
 # gids of what a test looks for: the lines marking the lab sheet's own p values or temperatures, the
 # band of the vLLM paper's existing systems
 LAB_VALUE = "lab_value"
 PAPER_RANGE = "paper_range"
-FONT_PACKAGE = "koreanize-matplotlib"
 
 # Every label drawn, by key, in English; its Korean is in the catalog (kvlab.present.i18n). {names} are
 # filled in by the caller.
@@ -62,7 +59,8 @@ LABELS = {
     "steps_by_fed": N_("Against the tokens fed, what the fit is a function of"),
     "context_length": N_("context length: prompt + tokens generated before the step"),
     "step_time": N_("forward time per step (ms)"),
-    "steps_title": N_("Time of each generation step ({new_tokens} new tokens, median of {repeats} runs)"),
+    "steps_title": N_("Time of each generation step ({new_tokens} new tokens; each step the median of its {with_runs} "
+                      "runs with the cache, {without_runs} without)"),
     "after_prefix": N_("after \"{prefix}\""),
     "after_sharp_prefix": N_("after \"{prefix}\""),
     "whole_vocabulary": N_("whole vocabulary ({vocab_size:,} tokens)"),
@@ -147,19 +145,6 @@ LABELS = {
     "arithmetic_limit": N_("this core's arithmetic limit (FLOPs / measured GFLOP/s)"),
     "read_floor": N_("this core's read floor (bytes a step reads / measured GB/s)"),
 }
-
-
-def hangul_font_path() -> Path:
-    """NanumGothic.ttf from the koreanize-matplotlib package's folder. The package is found, not
-    imported: importing it would change matplotlib's global settings."""
-    spec = importlib.util.find_spec("koreanize_matplotlib")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"the figures draw Hangul (report.language 'ko', and the lab's Korean prefixes) with "
-                         f"the {FONT_PACKAGE} package: pip install {FONT_PACKAGE}")
-    path = Path(spec.submodule_search_locations[0]) / "fonts" / f"{HANGUL_FONT}.ttf"
-    if not path.is_file():
-        raise ValueError(f"{path}: the {FONT_PACKAGE} package holds no {HANGUL_FONT}.ttf")
-    return path
 
 
 def font_families(language: str) -> list[str]:
@@ -318,7 +303,10 @@ def step_times(latency: dict, path, language: str = "en") -> None:
         fit_handles, fit_labels = fed_ax.get_legend_handles_labels()
         fig.legend(handles + fit_handles[-1:], labels + fit_labels[-1:], loc="lower center", ncol=3, fontsize=8,
                    frameon=False)
-        fig.suptitle(text("steps_title", new_tokens=latency["new_tokens"], repeats=latency["repeats"]))
+        # each mode's own number of runs: a timing repeats while it is unstable, so the two may differ
+        fig.suptitle(text("steps_title", new_tokens=latency["new_tokens"],
+                          with_runs=latency["with_cache"]["generate"]["n"],
+                          without_runs=latency["without_cache"]["generate"]["n"]))
         save(fig, path, rect=(0, 0.1, 1, 1))
 
 

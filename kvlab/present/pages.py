@@ -4,8 +4,6 @@ its figures embedded (for `snakemake --report`)."""
 from __future__ import annotations
 
 import base64
-import io
-import logging
 from pathlib import Path
 
 import markdown
@@ -14,6 +12,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
 from kvlab.present import i18n
+from kvlab.present.fonts import EMBEDDED_FAMILY, embedded_font, font_face, font_family
 
 
 def sandboxed_template(template_path, autoescape: bool = False, language: str = i18n.SOURCE_LANGUAGE):
@@ -33,24 +32,6 @@ def sandboxed_template(template_path, autoescape: bool = False, language: str = 
     return env.get_template(template_path.name)
 
 
-def embedded_font(font_path, text: str) -> str:
-    """The font at `font_path` cut down to the characters of `text` (fontTools' subsetter), as base64 for
-    a CSS @font-face: the page then shows its Hangul on a machine without a Korean font, in a few tens of
-    KB instead of the whole 4.7 MB face."""
-    from fontTools import subset
-
-    logging.getLogger("fontTools").setLevel(logging.ERROR)  # it names every table it drops
-    options = subset.Options()
-    options.layout_features = ["*"]
-    font = subset.load_font(str(font_path), options)
-    subsetter = subset.Subsetter(options)
-    subsetter.populate(text=text)
-    subsetter.subset(font)
-    buffer = io.BytesIO()
-    subset.save_font(font, buffer, options)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
 def report_page(template_path, report_paths, figure_paths, font_path, language: str) -> str:
     """The reports (results/report.md, then results/beyond.md) as one self-contained HTML page, for
     `snakemake --report` (which shows an HTML result in the page, a Markdown file only as a download):
@@ -68,3 +49,18 @@ def report_page(template_path, report_paths, figure_paths, font_path, language: 
     body = Markup(markdown.markdown(text, extensions=["tables"]))
     return sandboxed_template(template_path, autoescape=True, language=language).render(
         body=body, title=title, lang=language, font=font)
+
+
+# The element of `snakemake --report`'s front page that holds workflow.rst, rendered by docutils.
+FRONT_PAGE = ".document"
+
+
+def front_page_font(front_page, values=(), font_path=None) -> str:
+    """The HTML that gives `snakemake --report`'s front page (report/workflow.rst, which includes it with
+    reStructuredText's `raw` directive) its Hangul font: a <style> with the face cut to the front page's
+    characters (its text in both languages, and `values`, the config's strings it shows), set on the
+    element docutils renders it into. Snakemake's page is its own: this is the one way into it."""
+    text = Path(front_page).read_text(encoding="utf-8") + "".join(str(value) for value in values if value)
+    return (f"<style>\n/* {EMBEDDED_FAMILY}: NanumGothic cut to the front page's characters, so that its Hangul "
+            f"shows on a machine without a Korean font */\n{font_face(text, font_path)}\n"
+            f"{FRONT_PAGE} {{ font-family: {font_family()}; }}\n</style>\n")

@@ -1,15 +1,18 @@
 """Step 7: the lab's two reports, rendered from the result files by sandboxed Jinja templates.
 
-`results/report.md` is the sheet's report: where the numbers come from (models, code, machine), the
-timings to read with care, the sheet's three sections (`## KV 캐시`, `## 온도`, `## top-p`) with the
+`results/report.md` is the sheet's report: which build made it (commit, date, machine, torch), where
+the numbers come from (models, code), the timings the machine disturbed (step 3's named, the others
+counted, each once), the sheet's three sections (`## KV 캐시`, `## 온도`, `## top-p`) with the
 speedup and the bytes, and one short section on serving. `results/beyond.md` holds what lies beyond
-the sheet (kvlab.present.beyond). `check` and grading read the first.
+the sheet (kvlab.present.beyond), content first. `check` and grading read the first.
 
 Every number is read from a result file or derived here from those numbers; the templates hold
 prose only, one file a section, in English with its Korean in the catalog (kvlab.present.i18n). A
 section is a function of the loaded result files alone: it never reads another section's output or
 changes a row it was given. Every comparison the prose states is a verdict of
-kvlab.present.verdicts computed here; the template picks the sentence that belongs to it.
+kvlab.present.verdicts computed here, on the clock it is judged on (kvlab.present.clocks: the CPU
+clock's when a side was contended); the template picks the sentence that belongs to it. A paragraph
+is written a sentence a line and given as one line (`one_line_paragraphs`).
 """
 
 from __future__ import annotations
@@ -18,24 +21,29 @@ from collections import Counter
 from pathlib import Path
 
 from kvlab.facts.formulas import fed_formulas
-from kvlab.facts.disturbed import contended_timings
-from kvlab.facts.timing import CONTENDED_CPU_SHARE, UNSTABLE_IQR_SHARE
+from kvlab.facts.disturbed import disturbed_timings
+from kvlab.facts.timing import CONTENDED_CPU_SHARE, CONTENDED_RUNS_SHARE, UNSTABLE_IQR_SHARE
 from kvlab.io import read_csv_rows, read_json
-from kvlab.present import beyond
+from kvlab.present import beyond, clocks
 from kvlab.present.pages import sandboxed_template
-from kvlab.present.verdicts import against, agreement, comparison, direction, steps
+from kvlab.present.verdicts import against, agreement, comparison, direction, on_clock, one_clock, steps
 
 SHEET_TEMPLATE = "report.md.j2"
 BEYOND_TEMPLATE = "beyond.md.j2"
 # The two rules a timing is read with care by (kvlab.facts.timing), which the reports state.
-RULES = {"unstable_rule": UNSTABLE_IQR_SHARE, "contended_rule": CONTENDED_CPU_SHARE}
+RULES = {"unstable_rule": UNSTABLE_IQR_SHARE, "contended_rule": CONTENDED_CPU_SHARE,
+         "contended_runs_rule": CONTENDED_RUNS_SHARE}
+# What the reports say of the build when it was not recorded (a report rendered outside the workflow).
+UNRECORDED = {"commit": None, "changed": False, "date": None, "torch": None}
 
 
 # --- where the numbers come from, and which timings to read with care -----------------------------
 
 
-def provenance(results: dict, given: dict[str, bool]) -> dict:
-    """Which models (the embedded default's stand-ins, or the user's files: `given` says which config
+def provenance(results: dict, given: dict[str, bool], build: dict | None = None) -> dict:
+    """Which build (`build`: the commit of the workflow's checkout, None outside one, whether its files
+    were changed, the date the report was made, torch's version: kvlab.workflow.build_provenance),
+    which models (the embedded default's stand-ins, or the user's files: `given` says which config
     keys named a file), which code (kvlab's engine, held against MiniMind's own where minimind_src is
     set), which machine and threads (as step 3 recorded them)."""
     models = results["model_card"]["models"]
@@ -50,71 +58,58 @@ def provenance(results: dict, given: dict[str, bool]) -> dict:
             "differing": len(fidelity["differences"]), "path": fidelity["minimind"]["path"]},
         "machine": {"processor": runs["processor"], "device": runs["device"], "threads": runs["torch_threads"]},
         "perplexity": results["model_card"]["prompt_perplexity"],
+        "build": {**UNRECORDED, **(build or {})},
     }
 
 
-def unstable_timings(results: dict) -> list[dict]:
-    """Every timing the rule calls unstable (IQR at least 10% of its median), as {what, share}: step 3's
-    modes, the sweep's N, the per-step timing's modes, the compared models, the batches, the opened
-    steps and the two caches' steps at each context."""
-    summary = results["time_runs"]["summary"]
-    found = [{"what": "step3", "mode": label, "share": summary[label]["iqr_share"]}
-             for label in ("with_cache", "without_cache") if summary[label]["unstable"]]
-    for row in results.get("sweep", []):
-        if row["unstable"]:
-            found.append({"what": "sweep", "n": row["new_tokens"],
-                          "share": max(row["with_cache_iqr_share"], row["without_cache_iqr_share"])})
-    latency = results.get("latency")
-    if latency:
-        found += [{"what": "latency", "mode": label, "share": latency[label]["generate"]["iqr_share"]}
-                  for label in ("with_cache", "without_cache") if latency[label]["generate"]["unstable"]]
-    for row in results.get("compare", []):
-        if row["unstable"]:
-            found.append({"what": "compare", "name": row["name"],
-                          "share": max(row["with_cache_iqr_share"], row["without_cache_iqr_share"])})
-    for row in results.get("batch", []):
-        if row["unstable"]:
-            found.append({"what": "batch", "mode": row["mode"], "n": row["B"], "share": row["iqr_share"]})
-    if "step_anatomy" in results:
-        anatomy, curve = results["step_anatomy"]["anatomy"], results["step_anatomy"]["curve"]
-        found += [{"what": "anatomy", "mode": name, "share": anatomy[name]["step"]["iqr_share"]}
-                  for name in anatomy["steps"] if anatomy[name]["step"]["unstable"]]
-        found += [{"what": "curve", "mode": kind, "n": context, "share": row["iqr_share"]}
-                  for kind in curve["kinds"]
-                  for context, row in zip(curve["contexts"], curve[kind]["steps"])
-                  if row["unstable"]]
-    return found
-
-
-def grouped(timings: list[dict], value: str = "share") -> list[dict]:
-    """Timings to read with care, one entry per part and mode (or model), in order: {what, mode, name,
-    points: [{n, value}]}, so a list of batch sizes reads "B = 1 (13%), 4 (12%)" and not once per B.
-    `value`: the item's key shown beside each point (the IQR's share, or the CPU's share)."""
+def grouped(timings: list[dict]) -> list[dict]:
+    """Disturbed timings (kvlab.facts.disturbed), one entry per part and mode (or model), in order: {what,
+    mode, name, points: the timings themselves (n, unstable, share, contended, waited, runs,
+    cpu_share)}, so a list of batch sizes reads "B = 1 (…), 4 (…)" and not once per B."""
     groups: dict = {}
     for item in timings:
         key = (item["what"], item.get("mode"), item.get("name"))
         group = groups.setdefault(key, {"what": item["what"], "mode": item.get("mode"), "name": item.get("name"),
                                         "points": []})
-        group["points"].append({"n": item.get("n"), "value": item.get(value)})
+        group["points"].append(item)
+    for group in groups.values():  # the sizes in order, whichever rule listed them first
+        if all(isinstance(point.get("n"), (int, float)) for point in group["points"]):
+            group["points"].sort(key=lambda point: point["n"])
     return list(groups.values())
+
+
+def disturbed(results: dict) -> dict:
+    """The timings the machine disturbed (kvlab.facts.disturbed: each once, however many rules flag it):
+    how many, how many of each kind, grouped for the list, and step 3's apart from the rest (the
+    sheet's report lists step 3's and counts the others)."""
+    timings = disturbed_timings(results)
+    beyond_sheet = [item for item in timings if item["what"] != "step3"]
+    return {"count": len(timings), "unstable": sum(item["unstable"] for item in timings),
+            "contended": sum(item["contended"] for item in timings), "groups": grouped(timings),
+            "sheet": [item for item in timings if item["what"] == "step3"], "beyond_sheet": len(beyond_sheet),
+            "beyond_groups": grouped(beyond_sheet)}
 
 
 def same_generation(results: dict) -> dict:
     """The lab's timed generation (step 3's P and N) as other parts timed it too: the sweep's row at the
-    same N and the per-step timing's own generations, side by side, and whether they agree."""
-    step3 = results["time_runs"]["speedup"]
-    timings = [{"what": "step3", "ratio": step3["ratio"], "low": step3["low"], "high": step3["high"]}]
+    same N and the per-step timing's own generations, side by side on one clock (the CPU clock's when
+    any of them was contended, `one_clock`), and whether they agree. Step 3's is the sheet's (time.json);
+    the others measured the same work differently: another job's runs, and a clock read at every step."""
     count = results["counts"]
+    timings = [("step3", clocks.step3_speedup(results["time_runs"]))]
     for row in results.get("sweep", []):
         if row["new_tokens"] == count["new_tokens"] and row["prompt_len"] == count["prompt_len"]:
-            timings.append({"what": "sweep", "ratio": row["speedup"], "low": row["speedup_low"],
-                            "high": row["speedup_high"]})
+            timings.append(("sweep", clocks.sweep_speedup(row, results.get("sweep_runs"))))
     latency = results.get("latency")
     if latency and latency["new_tokens"] == count["new_tokens"]:
-        timings.append({"what": "latency", **latency["measured"]})
-    verdict = agreement((timing["low"], timing["high"]) for timing in timings)
-    return {"timings": timings, "agreement": verdict["verdict"], "several": len(timings) > 1,
-            "apart": [(timings[i]["what"], timings[j]["what"]) for i, j in verdict["apart"]]}
+        timings.append(("latency", clocks.latency_speedup(latency)))
+    judged = one_clock([pair["wall"] for _, pair in timings], [pair["cpu"] for _, pair in timings])
+    items = [{"what": what, **{key: value[key] for key in ("ratio", "low", "high")}}
+             for (what, _), value in zip(timings, judged["values"])]
+    verdict = agreement(judged["intervals"])
+    return {"timings": items, "clock": judged["clock"], "agreement": verdict["verdict"], "several": len(items) > 1,
+            "apart": [(items[i]["what"], items[j]["what"]) for i, j in verdict["apart"]],
+            "sheet": {key: results["time_runs"]["speedup"][key] for key in ("ratio", "low", "high")}}
 
 
 # --- the sheet's sections -----------------------------------------------------------------------------
@@ -127,7 +122,10 @@ def kv_section(results: dict) -> dict:
     formulas = fed_formulas(count["prompt_len"], count["new_tokens"])
     token_ratio = count["fed_without_cache"] / count["fed_with_cache"]
     speedup = runs["speedup"]
-    interval = (speedup["low"], speedup["high"])
+    # judged on the CPU clock when the machine took from the runs (time.json keeps the wall clock's)
+    pair = clocks.step3_speedup(runs)
+    judged = on_clock(pair["wall"], pair["cpu"])
+    interval = (judged["low"], judged["high"])
     summary = runs["summary"]
     config = results["model_card"]["models"]["pretrain"]["config"]
     shape = kv["k_shape"]
@@ -138,9 +136,11 @@ def kv_section(results: dict) -> dict:
         "fed_match": (count["fed_with_cache"], count["fed_without_cache"]) == (formulas["with_cache"],
                                                                               formulas["without_cache"]),
         "token_ratio": token_ratio, "time": summary, "runs": runs, "speedup": speedup,
-        # the speedup's interval above 1 ("above": the cache was faster), below, or holding 1
-        "cache_time": against(interval, 1.0),
-        # the time gain against the token gain: below it is the fixed cost per step at work
+        # the clock the speedup is judged on ("wall", or "cpu" when contended) and its value there
+        "clock": judged["clock"], "judged": judged,
+        # the judged speedup's interval above 1 ("above": the cache was faster), below, or holding 1
+        "cache_time": judged["verdict"],
+        # the work's gain against the token gain: below it is the fixed cost per step at work
         "time_vs_tokens": against(interval, token_ratio),
         "unstable": any(summary[mode]["unstable"] for mode in summary),
         # the process waited for its CPU: the speedup is this run's, not the machine's
@@ -199,15 +199,20 @@ def serving_section(results: dict) -> dict:
     distinct = [row for row in results["batch"] if row["mode"] == "distinct"] or results["batch"]
     last, before = distinct[-1], distinct[-2] if len(distinct) > 1 else distinct[-1]
     budget_bytes = budget * 1024**3
+    # the last step of the throughput, on the CPU clock when either batch waited for the CPU
+    pairs = [clocks.batch_throughput(row, results.get("batch_runs")) for row in (before, last)]
+    judged = one_clock([pair["wall"] for pair in pairs], [pair["cpu"] for pair in pairs])
+    shown_before, shown_last = judged["values"]
     return {"serving": {
         "bytes_per_token": lab[0]["bytes_per_token_measured"], "dtype": lab_dtype, "budget_gib": budget,
         "lab": lab,  # requests that fit the budget at each context
         "batch": {"B": last["B"], "before_B": before["B"], "throughput": last["S_TG t/s"],
                   "low": last["S_TG_low"], "high": last["S_TG_high"], "cache_bytes": last["kv_bytes_measured"],
                   "budget_share": last["kv_bytes_measured"] / budget_bytes,
-                  # the throughput at the largest B against the B before it: "rises", "falls" or "unclear"
-                  "last_step": steps([(before["S_TG_low"], before["S_TG_high"]), (last["S_TG_low"], last["S_TG_high"])])[0],
-                  "gain": last["S_TG t/s"] / before["S_TG t/s"]},
+                  # the throughput at the largest B against the B before it: "rises", "falls" or "unclear",
+                  # on the clock `clock` ("cpu": per second of the timing thread's CPU time)
+                  "last_step": steps(judged["intervals"])[0], "clock": judged["clock"],
+                  "gain": shown_last["value"] / shown_before["value"]},
         "big": {"model": big["model"], "dtype": big["dtype"], "bytes_per_token": big["bytes_per_token_measured"],
                 "context": big["context_tokens"], "request_bytes": big["bytes_per_request"],
                 "fits": big["max_requests"], "layers": big["layers"], "kv_heads": big["kv_heads"],
@@ -223,25 +228,47 @@ SHEET_SECTIONS = (kv_section, temperature_section, topp_section, serving_section
 # --- the two reports ------------------------------------------------------------------------------------
 
 
-def sheet_context(results: dict, given: dict[str, bool]) -> dict:
-    """Everything `report.md` reads: the provenance, the timings to read with care, every section's."""
-    context = {"provenance": provenance(results, given), "unstable": grouped(unstable_timings(results)),
-               "contended": grouped(contended_timings(results), "cpu_share"), **RULES}
+def sheet_context(results: dict, given: dict[str, bool], build: dict | None = None) -> dict:
+    """Everything `report.md` reads: the provenance, the timings the machine disturbed, every section's."""
+    context = {"provenance": provenance(results, given, build), "disturbed": disturbed(results), **RULES}
     for section in SHEET_SECTIONS:
         context.update(section(results))
     return context
 
 
-def beyond_context(results: dict, figures: dict[str, str]) -> dict:
-    """Everything `beyond.md` reads: the timings to read with care, the one generation timed several
-    ways, and the sections beyond the sheet whose results were given (each with its figure)."""
-    context = {"unstable": grouped(unstable_timings(results)),
-               "contended": grouped(contended_timings(results), "cpu_share"), **RULES,
+def beyond_context(results: dict, figures: dict[str, str], build: dict | None = None) -> dict:
+    """Everything `beyond.md` reads: the provenance, the timings the machine disturbed, the one
+    generation timed several ways, and the sections beyond the sheet whose results were given (each
+    with its figure)."""
+    runs = results["time_runs"]
+    context = {"build": {**UNRECORDED, **(build or {})},
+               "machine": {"processor": runs["processor"], "device": runs["device"], "threads": runs["torch_threads"]},
+               "disturbed": disturbed(results), **RULES,
                "same_generation": same_generation(results), "figures": figures,
                "token_ratio": results["counts"]["fed_without_cache"] / results["counts"]["fed_with_cache"]}
     for section in beyond.SECTIONS:
         context.update(section(results))
     return context
+
+
+# What starts a Markdown block of its own (a heading, a table row, a list item, a quote, an image, an indented
+# line): such a line never joins the one before it, nor another line it.
+_BLOCK_START = ("#", "|", "- ", "* ", "> ", ">", "![", " ", "\t")
+
+
+def one_line_paragraphs(text: str) -> str:
+    """The templates write a paragraph a sentence a line (each sentence a verdict's choice); the report
+    gives each paragraph one line, its sentences joined by a space, as Markdown renders it anyway: a
+    reader's editor shows it as one paragraph, and its length in lines is its length in paragraphs."""
+    lines: list[str] = []
+    for line in text.split("\n"):
+        previous = lines[-1] if lines else ""
+        if line and previous and not line.startswith(_BLOCK_START) and not previous.startswith(_BLOCK_START) \
+                and not previous.endswith("  "):
+            lines[-1] = f"{previous} {line}"
+        else:
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def load_results(paths: dict[str, str]) -> tuple[dict, dict]:
@@ -263,14 +290,16 @@ def load_results(paths: dict[str, str]) -> tuple[dict, dict]:
     return results, figures
 
 
-def render_report(template_path, result_paths: dict[str, str], language: str, given: dict[str, bool] | None = None
-                  ) -> str:
+def render_report(template_path, result_paths: dict[str, str], language: str, given: dict[str, bool] | None = None,
+                  build: dict | None = None) -> str:
     """Load the result files ({input name: path}) and render the report whose entry template is
-    `template_path` (templates/report/report.md.j2 or templates/report/beyond.md.j2) in a sandbox."""
+    `template_path` (templates/report/report.md.j2 or templates/report/beyond.md.j2) in a sandbox.
+    `build`: which commit made it, when, with which torch (kvlab.workflow.build_provenance); a report
+    rendered without it says they were not recorded."""
     results, figures = load_results(result_paths)
     template_path = Path(template_path)
     if template_path.name == BEYOND_TEMPLATE:
-        context = beyond_context(results, figures)
+        context = beyond_context(results, figures, build)
     else:
-        context = sheet_context(results, given or {})
-    return sandboxed_template(template_path, language=language).render(lang=language, **context)
+        context = sheet_context(results, given or {}, build)
+    return one_line_paragraphs(sandboxed_template(template_path, language=language).render(lang=language, **context))

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from kvlab.io import read_json
 from kvlab.facts.formulas import fed_formulas
+from markupsafe import Markup
+
+from kvlab.present.fonts import font_family, with_font
 from kvlab.present.i18n import N_, gettext_for
 from kvlab.present.pages import sandboxed_template
 from kvlab.facts.sheet import LAB_RESULTS
@@ -57,7 +60,7 @@ def step_rows(name: str, data: dict, text) -> list[dict]:
 
 def render_tables(template_path, result_paths: dict[str, str], language: str) -> str:
     """The HTML page with one table per step, from the six files named as in LAB_RESULTS, in the
-    report's `language` ("ko" or "en")."""
+    report's `language` ("ko" or "en"), carrying its Hangul font (kvlab.present.fonts)."""
     translate = gettext_for(language)
 
     def text(key: str) -> str:
@@ -66,5 +69,7 @@ def render_tables(template_path, result_paths: dict[str, str], language: str) ->
     steps = [{"file": Path(result_paths[name]).name, "title": text(name),
               "rows": step_rows(name, read_json(result_paths[name]), text)} for name in LAB_RESULTS]
     labels = {key: text(key) for key in ("page_title", "key", "value")}
-    return sandboxed_template(template_path, autoescape=True, language=language).render(steps=steps, text=labels,
-                                                                                         lang=language)
+    template = sandboxed_template(template_path, autoescape=True, language=language)
+    # the Hangul font, cut to the page's own characters
+    return with_font(lambda font_face: template.render(steps=steps, text=labels, lang=language,
+                                                       font_face=Markup(font_face), font_family=Markup(font_family())))

@@ -8,6 +8,8 @@ Intervals are (low, high) pairs, e.g. a speedup's interval from both timings' qu
 
 from __future__ import annotations
 
+import numpy as np
+
 # How consistently a sequence of counts must move for the report to call it a trend (Kendall's tau).
 TREND_TAU = 0.6
 
@@ -99,13 +101,53 @@ def agreement(intervals) -> dict:
     return {"verdict": "disagree" if apart else "agree", "apart": apart}
 
 
-def on_clock(wall: dict, cpu: dict) -> dict:
+def on_clock(wall: dict, cpu: dict | None) -> dict:
     """A timed ratio judged on the clock that tells the truth: `wall` and `cpu` are the same comparison
     on the wall clock (what a person waited) and on the timing thread's CPU clock (what the work cost),
     each a dict with ratio, low, high and `contended` (either side's runs waited for the CPU). The wall
     clock's when neither side waited; the CPU clock's when one did, since the wall then counts another
-    program's time as this one's. Returns the chosen ratio, its interval, its verdict against 1
-    (`against`) and `clock` ("wall" or "cpu")."""
-    chosen, clock = (cpu, "cpu") if wall["contended"] else (wall, "wall")
+    program's time as this one's (a result written before the CPU clock was read, `cpu` None, keeps
+    the wall's). Returns the chosen ratio, its interval, its verdict against 1 (`against`) and `clock`
+    ("wall" or "cpu")."""
+    chosen, clock = (cpu, "cpu") if wall["contended"] and cpu is not None else (wall, "wall")
     return {"ratio": chosen["ratio"], "low": chosen["low"], "high": chosen["high"],
             "verdict": against((chosen["low"], chosen["high"]), 1.0), "clock": clock}
+
+
+def one_clock(walls, cpus) -> dict:
+    """A comparison over several timed values (a throughput at each batch size, a speedup at each model
+    size) judged on one clock, so that no two values are read on different clocks: the CPU clock's
+    when any of them waited for its CPU (a wall value's `contended`) and every one has a CPU value,
+    else the wall clock's. `walls` and `cpus`: dicts of value, low, high (and `contended` for the
+    wall's; a cpu entry may be None). Returns {clock, values: the chosen dicts, intervals: their
+    (low, high)}."""
+    walls, cpus = list(walls), list(cpus)
+    on_cpu = any(wall.get("contended") for wall in walls) and len(cpus) == len(walls) and all(
+        cpu is not None for cpu in cpus)
+    chosen = cpus if on_cpu else walls
+    return {"clock": "cpu" if on_cpu else "wall", "values": chosen,
+            "intervals": [(value["low"], value["high"]) for value in chosen]}
+
+
+def growth(early, late) -> str:
+    """Whether a quantity measured at many points grows from the first points to the last (a cached
+    step's time from short contexts to long ones): "grows" when the quartiles of the `late` values lie
+    wholly above those of the `early` ones, "shrinks" when wholly below, else "flat" (they meet)."""
+    quartiles = [(float(np.percentile(values, 25)), float(np.percentile(values, 75))) for values in (early, late)]
+    return {"above": "grows", "below": "shrinks", "overlap": "flat"}[order(quartiles[1], quartiles[0])]
+
+
+def gap_cause(predicted: dict, outside: dict, measured: tuple[float, float], cached_growth: str) -> str:
+    """Why a per-step fit's predicted speedup misses the speedup measured on whole generations: the fit
+    models only the forward calls, so each mode's generation also spends `outside` seconds between them
+    (the loop, sampling: its whole time less its steps'). `predicted`: each mode's time by the fit
+    ({"with_cache", "without_cache"} seconds). "outside" when counting that time brings the prediction
+    into the `measured` interval; else "context" when the cached steps grow with the context they
+    attend over (`cached_growth`, `growth`): attention over a longer cache, which the line (a cost per
+    token fed) cannot see; else "unexplained"."""
+    with_cache = predicted["with_cache"] + outside["with_cache"]
+    if with_cache > 0:
+        counted = (predicted["without_cache"] + outside["without_cache"]) / with_cache
+        if value_against(counted, measured) == "within":
+            return "outside"
+    return "context" if cached_growth == "grows" else "unexplained"

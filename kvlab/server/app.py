@@ -4,10 +4,11 @@ OpenAI's shapes, streamed as server-sent events or whole.
   POST /v1/completions        a prompt (text, or token ids) continued
   POST /v1/chat/completions   messages rendered with the tokenizer's chat template, the assistant's answer
   GET  /v1/models             the one model served
-  GET  /health                200 while serving; 503 while shutting down or once the engine thread died
+  GET  /health                200 while serving; 503 while draining (with Retry-After) or once the engine thread died
   GET  /metrics               Prometheus' text format (kvlab.server.metrics)
   GET  /state                 the engine's live state as JSON (what the page at / draws)
   GET  /                      a page to watch it: a prompt, its tokens streaming, the engine's queues and blocks
+  GET  /fonts/NanumGothic.ttf the page's Hangul font (the package's NanumGothic), for a machine without one
 
 A streamed answer is one `data: {chunk}` event per draw that adds text (per sample, `index` the
 sample), then for each sample a chunk with its `finish_reason`, then (unless `stream_options:
@@ -28,6 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from kvlab.engine.tokenizer import Tokenizer
+from kvlab.present.fonts import FONT_ROUTE, web_font
 from kvlab.serving import SamplingParams, ServingEngine
 from kvlab.server import page, protocol
 from kvlab.server.detokenize import IncrementalText
@@ -206,7 +208,8 @@ def create_app(context: ServerContext) -> FastAPI:
     @app.get("/health")
     async def health():
         if loop.draining:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
+            return JSONResponse({"status": "shutting down"}, status_code=503,
+                                headers={"Retry-After": str(context.retry_after_s)})
         if not loop.alive:
             return JSONResponse({"status": "the engine thread is not running"}, status_code=503)
         return {"status": "ok"}
@@ -224,5 +227,9 @@ def create_app(context: ServerContext) -> FastAPI:
     @app.get("/", response_class=HTMLResponse)
     async def index():
         return page.html(limits.model_name)
+
+    @app.get(FONT_ROUTE)
+    async def font():
+        return Response(web_font(), media_type="font/ttf", headers={"Cache-Control": "max-age=86400"})
 
     return app

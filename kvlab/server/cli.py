@@ -7,8 +7,9 @@
 The checkpoint is inspected as the workflow inspects one (kvlab.checkpoints.inspect_checkpoint: layout,
 config, head count, the tokenizer's fit; or the workflow's own inspection, --inspection) and loaded as
 that inspection says. The engine's knobs are ServingConfig's, with its defaults; its step is compiled
-before the server listens. SIGTERM (or Ctrl+C)
-stops taking requests, lets the running ones finish for --drain-seconds, aborts what is left, and exits 0.
+before the server listens. SIGTERM (or Ctrl+C) starts the drain: new requests and /health get a 503 with
+Retry-After while the running ones go on for --drain-seconds; what is left is aborted, then the listener
+closes and the process exits 0. A second SIGTERM or Ctrl+C stops at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from kvlab.config import DEFAULT_INPUTS
 from kvlab.serving import ServingConfig
 
 DEFAULTS = {field.name: field.default for field in fields(ServingConfig)}
+# How often the drain looks whether the running requests have ended.
+DRAIN_POLL_S = 0.02
 log = logging.getLogger("kvlab.server")
 
 
@@ -147,16 +150,35 @@ def serve(args) -> int:
              engine.config.num_blocks, engine.config.block_size, engine.config.policy, args.host, port)
 
     class DrainingServer(uvicorn.Server):
-        """uvicorn's server, which on SIGTERM or SIGINT also starts the engine loop's drain (on the event
-        loop: a signal handler must not take the loop's lock) and answers 503 from then on."""
+        """uvicorn's server, which on SIGTERM or SIGINT drains before it shuts down: the engine loop refuses
+        new requests (503 with Retry-After, /health 503) and lets the running ones go on for --drain-seconds,
+        while the listener stays open, so a client that comes during the drain is told to retry rather than
+        refused a connection. Once nothing runs, uvicorn's own shutdown closes the listener and waits for
+        the last answers to be sent. A second signal shuts down at once."""
+
+        draining = False
 
         async def serve(self, sockets=None):
             self.event_loop = asyncio.get_running_loop()
             await super().serve(sockets)
 
         def handle_exit(self, sig, frame):
-            self.event_loop.call_soon_threadsafe(context.loop.drain, args.drain_seconds)
-            super().handle_exit(sig, frame)
+            if self.draining:
+                super().handle_exit(sig, frame)
+                return
+            self.draining = True
+            # a signal handler must not take the engine loop's lock: the drain starts on the event loop
+            self.event_loop.call_soon_threadsafe(self.start_drain, sig, frame)
+
+        def start_drain(self, sig, frame):
+            context.loop.drain(args.drain_seconds)
+            self.event_loop.create_task(self.shut_down_when_drained(sig, frame))
+
+        async def shut_down_when_drained(self, sig, frame):
+            while not context.loop.drained:
+                await asyncio.sleep(DRAIN_POLL_S)
+            log.info("drained: no request runs; closing the listener")
+            uvicorn.Server.handle_exit(self, sig, frame)
 
     config = uvicorn.Config(create_app(context), log_level="info", access_log=args.access_log, lifespan="on",
                             timeout_graceful_shutdown=args.drain_seconds + 2)

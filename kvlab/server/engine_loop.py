@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from kvlab.serving import RequestUpdate, SamplingParams, ServingEngine
 
 from kvlab.server.metrics import ServerMetrics
+from kvlab.server.protocol import FINISH_REASONS
 
 log = logging.getLogger("kvlab.server")
 
@@ -128,6 +129,13 @@ class EngineLoop:
     @property
     def draining(self) -> bool:
         return self._draining
+
+    @property
+    def drained(self) -> bool:
+        """Draining, and no request is left to end: none queued, none in the engine (or the thread is gone)."""
+        with self._cond:
+            queued = bool(self._inbox)
+        return self._draining and (not (queued or self._live) or not self._thread.is_alive())
 
     def submit(self, prompt: list[int], params: SamplingParams) -> RequestStream:
         """Queue a request (called on the event loop). Raises Overloaded or ShuttingDown."""
@@ -272,7 +280,7 @@ class EngineLoop:
             completion = sum(len(sample) for sample in output.samples)
             event = Finished(reasons, len(output.prompt), completion)
             for reason in reasons:
-                self.metrics.finished(reason)
+                self.metrics.finished(FINISH_REASONS[reason])  # OpenAI's names: the engine's eos is "stop"
             if stream.first_token_at is not None and "abort" not in reasons:
                 self.metrics.e2e.observe(stream.last_token_at - stream.received)
                 if stream.draws > 1:

@@ -1,12 +1,15 @@
 """The page at GET /: a prompt box with temperature, top-p and max tokens, the answer streaming in as
 the engine draws it (the chat endpoint, read as server-sent events by fetch), and the engine's live
 state polled from GET /state: requests running and waiting, the pool's blocks in use, recent steps.
-One self-contained page, no script from elsewhere."""
+One self-contained page, no script from elsewhere; its Hangul font, the whole NanumGothic face the
+figures use, comes from this server (kvlab.present.fonts.FONT_ROUTE), as answers are not known in advance."""
 
 from __future__ import annotations
 
 import html as html_escape
 import json
+
+from kvlab.present.fonts import FONT_ROUTE, font_family, served_font_face
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -14,7 +17,10 @@ PAGE = """<!doctype html>
 <meta charset="utf-8">
 <title>kvlab serve: {model}</title>
 <style>
-  body {{ font-family: sans-serif; margin: 2em auto; max-width: 60em; color: #222; }}
+  /* the Hangul font, served by this server (GET {font_route}): the answers read on a machine without a Korean font */
+  {font_face}
+  body {{ font-family: {font_family}; margin: 2em auto; max-width: 60em; color: #222; }}
+  textarea, input, button {{ font-family: inherit; }}
   textarea {{ width: 100%; height: 5em; font-size: 1em; }}
   label {{ margin-right: 1.5em; }}
   input[type=number] {{ width: 5em; }}
@@ -105,4 +111,5 @@ poll();
 
 def html(model_name: str) -> str:
     """The page for the served model (its name escaped for HTML, and for the script as a JSON string)."""
-    return PAGE.format(model=html_escape.escape(model_name), model_json=json.dumps(model_name).replace("<", "\\u003c"))
+    return PAGE.format(model=html_escape.escape(model_name), model_json=json.dumps(model_name).replace("<", "\\u003c"),
+                       font_face=served_font_face(), font_family=font_family(), font_route=FONT_ROUTE)
