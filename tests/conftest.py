@@ -1,12 +1,18 @@
 import json
 
 import pytest
+from hypothesis import settings
 
 from kvlab.default_model.bpe import train_tokenizer
 from kvlab.engine.checkpoint import save_checkpoint
 from kvlab.engine.tokenizer import load_tokenizer
 
 from helpers import course_config, random_model, snakemake
+
+# No test asserts a time, and hypothesis's deadline (200 ms an example) is one that a busy machine, or the
+# other pytest worker, can miss.
+settings.register_profile("kvlab", deadline=None)
+settings.load_profile("kvlab")
 
 SENTENCES = [
     "민수는 아침에 가람 마을의 시장에 갔다.",

@@ -53,6 +53,8 @@ ABLATION = {
     "compiled, all fused, rowwise": fast.StepPlan(attention="grouped", rowwise_matmul=True),
     "compiled, all fused, rowwise, C++ wrapper": fast.StepPlan(attention="grouped", rowwise_matmul=True,
                                                                cpp_wrapper=True),
+    "ahead of time, library GEMV": fast.StepPlan(attention="grouped", aot=True),
+    "ahead of time, rowwise (the default)": fast.StepPlan(attention="grouped", rowwise_matmul=True, aot=True),
 }
 
 
