@@ -13,6 +13,7 @@ import time
 import pytest
 
 from kvlab.grade import check
+from kvlab.grade.folder import DEFAULT_MAX_BYTES, Folder
 from kvlab.facts import timing
 from kvlab.facts.disturbed import contended_speedups, contended_timings
 
@@ -279,7 +280,7 @@ def test_check_warns_about_a_contended_step_3(tmp_path):
     hot = timing.summary([1.5, 1.51, 1.49], usage_of([0.48] * 3))
     calm = timing.summary([1.0] * 3, usage_of([0.99] * 3))
     (tmp_path / "time_runs.json").write_text(json.dumps({"summary": {"with_cache": calm, "without_cache": hot}}))
-    warnings = check.timing_warnings(check.Folder(tmp_path, check.DEFAULT_MAX_BYTES))
+    warnings = check.timing_warnings(Folder(tmp_path, DEFAULT_MAX_BYTES))
     assert len(warnings) == 1 and warnings[0].startswith("step 3's timing is contended")
     assert "without cache (a median 48% of the wall time on a CPU; 100% of the runs under 90%)" in warnings[0]
     assert "with cache (" not in warnings[0]
