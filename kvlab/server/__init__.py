@@ -8,7 +8,8 @@ tokens back. One idea a module:
   detokenize.py   text from tokens as they come, never cutting a character in two
   engine_loop.py  EngineLoop: the engine's thread, the per-request streams, aborts, the waiting limit, the drain
   metrics.py      the Prometheus metrics, vLLM's names where one fits
-  app.py          the FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /state, /
+  app.py          the routes (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /state, /)
+                  at module level on one router, reading the app's state; create_app builds the app
   page.py         the page at /: a prompt, its tokens streaming, the engine's live state
   cli.py          `kvlab serve`: load a checkpoint as the workflow inspects it, listen on loopback, drain on SIGTERM
 
