@@ -75,7 +75,7 @@ def test_a_bad_request_is_a_400_naming_its_field_and_an_unknown_path_a_404(clien
 
 
 def test_a_draining_server_refuses_new_requests_and_says_so(client, context):
-    context.loop.drain(0)
+    context.thread.drain(0)
     health = client.get("/health")
     assert health.status_code == 503 and health.json() == {"status": "shutting down"}
     refused = client.post("/v1/completions", json={"model": MODEL, "prompt": "민수는", "max_tokens": 4})

@@ -1,4 +1,4 @@
-"""The HTTP side: FastAPI routes that check a request, hand it to the engine loop and answer in
+"""The HTTP side: FastAPI routes that check a request, hand it to the serving thread and answer in
 OpenAI's shapes, streamed as server-sent events or whole.
 
   POST /v1/completions        a prompt (text, or token ids) continued
@@ -37,19 +37,19 @@ from kvlab.present.fonts import FONT_ROUTE, web_font
 from kvlab.serving import SamplingParams, ServingEngine
 from kvlab.server import page, protocol
 from kvlab.server.detokenize import IncrementalText
-from kvlab.server.engine_loop import EngineLoop, Failed, Finished, Overloaded, RequestStream, ShuttingDown, Tokens
+from kvlab.server.serving_thread import Failed, Finished, Overloaded, RequestStream, ServingThread, ShuttingDown, Tokens
 from kvlab.server.metrics import CONTENT_TYPE, ServerMetrics
 from kvlab.server.protocol import ApiError, ChatRequest, CompletionRequest, Limits, Shape
 
 
 @dataclass
 class ServerContext:
-    """Everything the routes share: the tokenizer, what the model and pool hold, the engine loop."""
+    """Everything the routes share: the tokenizer, what the model and pool hold, the serving thread."""
 
     tokenizer: Tokenizer
     limits: Limits
     engine: ServingEngine
-    loop: EngineLoop
+    thread: ServingThread
     metrics: ServerMetrics
     retry_after_s: int = 1
 
@@ -58,7 +58,7 @@ class ServerContext:
         model = engine.model.config
         limits = Limits(model_name, model.vocab_size, model.max_position_embeddings, tokenizer.eos_id, engine.config)
         metrics = ServerMetrics(model_name)
-        return cls(tokenizer, limits, engine, EngineLoop(engine, metrics, max_waiting), metrics)
+        return cls(tokenizer, limits, engine, ServingThread(engine, metrics, max_waiting), metrics)
 
 
 # Characters a JSON string may hold raw that some clients' line splitting (str.splitlines) takes for a
@@ -85,10 +85,10 @@ def context_of(request: Request) -> ServerContext:
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     """The engine's thread runs while the app serves."""
-    loop = app.state.context.loop
-    loop.start()
+    thread = app.state.context.thread
+    thread.start()
     yield
-    loop.stop()
+    thread.stop()
 
 
 async def api_error(request: Request, err: ApiError):
@@ -136,10 +136,10 @@ def submit(context: ServerContext, prompt: list[int], params: SamplingParams) ->
     except ValueError as err:
         raise ApiError(400, str(err)) from None
     try:
-        return context.loop.submit(prompt, params)
+        return context.thread.submit(prompt, params)
     except Overloaded:
         context.metrics.reject("overloaded")
-        raise ApiError(503, f"overloaded: {context.loop.max_waiting} requests wait already (--max-waiting); "
+        raise ApiError(503, f"overloaded: {context.thread.max_waiting} requests wait already (--max-waiting); "
                        "retry later", kind="server_error", code="overloaded",
                        headers={"Retry-After": str(context.retry_after_s)}) from None
     except ShuttingDown:
@@ -162,7 +162,7 @@ async def answer(context: ServerContext, request: Request, body, prompt: list[in
         leaving.cancel()
         if not collecting.done():  # the client left (or the handler was cancelled): free its blocks
             collecting.cancel()
-            context.loop.abort(stream)
+            context.thread.abort(stream)
     if not collecting.done() or collecting.cancelled():
         return Response(status_code=499)  # nobody reads it
     rows, finished = collecting.result()
@@ -216,7 +216,7 @@ async def streamed(context: ServerContext, stream: RequestStream, body, shape: S
         yield sse("[DONE]")
     finally:  # the client left mid-stream (the generator is closed or cancelled): free its blocks now
         if not stream.closed:
-            context.loop.abort(stream)
+            context.thread.abort(stream)
 
 
 # --- the rest --------------------------------------------------------------------------------------
@@ -231,10 +231,10 @@ async def models(request: Request):
 @router.get("/health")
 async def health(request: Request):
     context = context_of(request)
-    if context.loop.draining:
+    if context.thread.draining:
         return JSONResponse({"status": "shutting down"}, status_code=503,
                             headers={"Retry-After": str(context.retry_after_s)})
-    if not context.loop.alive:
+    if not context.thread.alive:
         return JSONResponse({"status": "the engine thread is not running"}, status_code=503)
     return {"status": "ok"}
 
@@ -248,8 +248,8 @@ async def metrics(request: Request):
 async def state(request: Request):
     context = context_of(request)
     config = context.engine.config
-    return {**context.loop.state, "model": context.limits.model_name, "max_num_seqs": config.max_num_seqs,
-            "policy": config.policy, "max_waiting": context.loop.max_waiting}
+    return {**context.thread.state, "model": context.limits.model_name, "max_num_seqs": config.max_num_seqs,
+            "policy": config.policy, "max_waiting": context.thread.max_waiting}
 
 
 @router.get("/", response_class=HTMLResponse)
