@@ -28,10 +28,6 @@ from kvlab.grade.report_numbers import (MIN_SIGNIFICANT, byte_forms, bytes_match
 from kvlab.present.i18n import N_
 
 
-class CheckFailed(ValueError):
-    """One or more rules failed; the message names them."""
-
-
 @dataclass(frozen=True)
 class Settings:
     """What the rules are held to: the lab's temperatures, samples and top-p values; an answer key
