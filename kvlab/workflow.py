@@ -19,7 +19,7 @@ from pathlib import Path
 from kvlab.engine.tokenizer import load_tokenizer
 
 # Errors whose message already says what is wrong and where: shown as one line, no traceback.
-# (CheckpointError, TokenizerError, DataError, ArchitectureError and CheckFailed are ValueErrors.)
+# (CheckpointError, TokenizerError, DataError and ArchitectureError are ValueErrors.)
 USER_ERRORS = (ValueError, FileNotFoundError)
 
 log = logging.getLogger("kvlab")

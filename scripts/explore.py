@@ -1,7 +1,7 @@
 """The lab as a page a student plays with (results/explore.html): one self-contained file, from the result files."""
 from kvlab.io import write_text_atomic
 from kvlab.present.explore import render_explore
-from kvlab.present.figures import hangul_font_path
+from kvlab.present.fonts import hangul_font_path
 from kvlab.workflow import run
 
 

@@ -150,7 +150,7 @@ def copy_workflow(dest: Path) -> Path:
 
 
 def png_text(path) -> dict:
-    """A PNG's text chunks: figures.save writes the title as Title and every drawn label as Description."""
+    """A PNG's text chunks: drawing.save writes the title as Title and every drawn label as Description."""
     from PIL import Image
 
     with Image.open(path) as image:

@@ -120,7 +120,7 @@ def test_the_rule_is_built_only_when_asked_and_its_figure_reads_its_rows(tmp_pat
     """rule all leaves decode_bench out (compiling costs the cold build tens of seconds); asked for, it
     needs only the checkpoint and the prompt. Its figure draws every path and the limit in both languages."""
     from helpers import dry_run_jobs
-    from kvlab.present import figures
+    from kvlab.present import beyond_figures
 
     assert "decode_bench" not in dry_run_jobs(tmp_path)
     assert dry_run_jobs(tmp_path, "results/decode_bench.csv") == {
@@ -129,7 +129,7 @@ def test_the_rule_is_built_only_when_asked_and_its_figure_reads_its_rows(tmp_pat
              "times_limit": 10.0 * ms / 4.0, "times_floor": 5.0 * ms / 4.0, "prompt_len": 201}
             for path, ms in (("cat", 4.0), ("static", 3.8), ("compiled", 0.8), ("minimind", 4.2)) for n in (64, 1024)]
     for language in ("en", "ko"):
-        figures.decode_bench(rows, tmp_path / f"decode_{language}.png", language=language)
+        beyond_figures.decode_bench(rows, tmp_path / f"decode_{language}.png", language=language)
         described = png_text(tmp_path / f"decode_{language}.png")["Description"]
         assert described.count("\n") >= 6  # four paths, the limit, the floor, the axes
     assert "MiniMind's own generate" in png_text(tmp_path / "decode_en.png")["Description"]

@@ -1,8 +1,8 @@
 """The README and docs/, held to what runs: the README a front page of at most 200 lines whose links
 resolve, every `snakemake` command printed there runs as printed (as a dry run; the graph commands
 draw), the rule-graph picture is what its command draws, the configuration page is what its
-generator writes from the schema, the install line pins pyproject's torch, and the numbers quoted
-as fixed by the config agree with the formulas."""
+generator writes from the schema, the install line pins pyproject's torch, the numbers quoted
+as fixed by the config agree with the formulas, and the layout lists name the tree's modules and files."""
 import os
 import re
 import shlex
@@ -197,3 +197,71 @@ def test_fixed_numbers_agree_with_the_formulas():
     assert list(map(int, kv.groups()[6:])) == [tokens, heads, head_dim]
     assert f"measured_bytes={int(kv[1].replace(',', ''))}, formula_bytes={int(kv[1].replace(',', ''))}" in results
     assert re.search(r"commit [0-9a-f]{7}", measured), "measurements name the commit they came from"
+
+
+# --- the layout lists, held to the tree ----------------------------------------------------------------
+
+def layout_entries(text: str, heading: str) -> dict[str, str]:
+    """The code block under `heading`, as {path: what it says}: an entry starts at the line's first column,
+    its text goes on in the indented lines under it."""
+    block = text.split(heading, 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    for line in block.splitlines()[1:]:
+        if line[:1].strip():
+            path, _, said = line.partition(" ")
+            entries[path] = said
+        elif line.strip() and entries:
+            entries[path] += " " + line.strip()
+    return entries
+
+
+def named(word: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(word)}(?![\w])", text) is not None
+
+
+def modules_of(package: Path) -> list[str]:
+    return sorted(path.stem for path in package.glob("*.py") if not path.name.startswith("__"))
+
+
+PACKAGES = sorted(path.parent for path in (ROOT / "kvlab").glob("*/__init__.py"))
+TOP_MODULES = modules_of(ROOT / "kvlab")
+RULE_FILES = sorted(path.name for path in (ROOT / "rules").glob("*.smk"))
+# a name of a module or a file as the lists write them (snake_case), which must be one of the tree's
+SNAKE = re.compile(r"(?<![\w./])[a-z]+(?:_[a-z]+)+(?![\w(])")
+
+
+def test_the_development_layout_names_every_module_rule_file_and_tool():
+    """docs/development.md's layout, "in full": each kvlab/<package>/ entry names every module of its
+    package, and names none that is not one; every kvlab/*.py, rules/*.smk and tools/*.py is named;
+    every path it names exists."""
+    entries = layout_entries(DOCS["development.md"], "## The layout, in full")
+    for package in PACKAGES:
+        said = entries.get(f"kvlab/{package.name}/")
+        assert said is not None, f"docs/development.md's layout has no entry for kvlab/{package.name}/"
+        missing = [module for module in modules_of(package) if not named(module, said)]
+        assert not missing, f"kvlab/{package.name}/ in docs/development.md's layout does not name {missing}"
+        stale = [word for word in SNAKE.findall(said) if word not in modules_of(package)
+                 and not (ROOT / "kvlab" / package.name / word).is_dir()]
+        assert not stale, f"kvlab/{package.name}/ in docs/development.md's layout names no module of it: {stale}"
+    unnamed = ([f"kvlab/{module}.py" for module in TOP_MODULES if f"kvlab/{module}.py" not in entries]
+               + [f"rules/{name}" for name in RULE_FILES if f"rules/{name}" not in entries]
+               + [f"tools/{path.name}" for path in (ROOT / "tools").glob("*.py")
+                  if not named(path.name, entries["tools/"])])
+    assert not unnamed, f"docs/development.md's layout does not name {unnamed}"
+    gone = [path for path in entries if not (ROOT / path.rstrip("/")).exists()]
+    assert not gone, f"docs/development.md's layout names what is not in the tree: {gone}"
+
+
+def test_the_readme_layout_names_every_package_module_and_rule_file():
+    """The README's short layout: an entry for every kvlab/<package>/, every kvlab/*.py named (in the
+    kvlab/config.py entry) and every rules/*.smk (in the rules/ entry); what it names as a module of a
+    package (snake_case) is one."""
+    entries = layout_entries(README, "## Layout")
+    unnamed = ([f"kvlab/{package.name}/" for package in PACKAGES if f"kvlab/{package.name}/" not in entries]
+               + [f"kvlab/{module}.py" for module in TOP_MODULES
+                  if module != "config" and not named(f"{module}.py", entries["kvlab/config.py"])]
+               + [f"rules/{name}" for name in RULE_FILES if not named(name.removesuffix(".smk"), entries["rules/"])])
+    assert not unnamed, f"the README's layout does not name {unnamed}"
+    for package in PACKAGES:
+        stale = [word for word in SNAKE.findall(entries[f"kvlab/{package.name}/"]) if word not in modules_of(package)]
+        assert not stale, f"kvlab/{package.name}/ in the README's layout names no module of it: {stale}"

@@ -14,7 +14,7 @@ from kvlab.facts.results import EXPLORE_READS, EXPLORE_TEMPLATE, RESULTS
 from kvlab.io import read_csv_rows
 from kvlab.measure import explore, steps
 from kvlab.present import explore as page_module
-from kvlab.present.figures import hangul_font_path
+from kvlab.present.fonts import hangul_font_path
 
 from helpers import ROOT, chromium_and_playwright, random_model
 

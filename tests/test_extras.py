@@ -23,7 +23,7 @@ from matplotlib import font_manager
 import kvlab.config as lab_config
 from kvlab.grade import check
 from kvlab.measure import curves, steps
-from kvlab.present import figures, tables
+from kvlab.present import beyond_figures, drawing, fonts, sheet_figures, tables
 from kvlab.measure.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.config import MiniMindConfig
 from kvlab.facts.formulas import fed_formulas
@@ -344,13 +344,14 @@ def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
                     "lab_tables": 1, "report": 1, "beyond": 1, "lab_report": 1, "explore": 1, "check": 1, "all": 1}, jobs
 
 
-SAVE = figures.save
+SAVE = drawing.save
 
 
 def drawn(monkeypatch, function, data, path, language="en"):
     """The matplotlib figure `function` drew (save() closes it; what it holds stays readable)."""
     kept = []
-    monkeypatch.setattr(figures, "save", lambda fig, path, **options: (kept.append(fig), SAVE(fig, path, **options)))
+    module = sys.modules[function.__module__]  # the figure module's own name for save
+    monkeypatch.setattr(module, "save", lambda fig, path, **options: (kept.append(fig), SAVE(fig, path, **options)))
     function(data, path, language=language)
     return kept[0]
 
@@ -382,11 +383,11 @@ def lab_values_marked(fig, rows, column, lab_column):
     lab = sorted(row[column] for row in rows if row[lab_column])
     assert lab
     for axis in fig.axes:
-        assert sorted(line.get_xdata()[0] for line in axis.get_lines() if line.get_gid() == figures.LAB_VALUE) == lab
+        assert sorted(line.get_xdata()[0] for line in axis.get_lines() if line.get_gid() == sheet_figures.LAB_VALUE) == lab
 
 
 def compare_names_the_token_ratio_for_what_it_is(fig, rows):
-    described = "\n".join(figures.drawn_text(fig)[1])
+    described = "\n".join(drawing.drawn_text(fig)[1])
     assert "proportional" in described and "ceiling" not in described and "bound" not in described
 
 
@@ -396,10 +397,10 @@ def batch_draws_b_linearly(fig, rows):
 
 def kv_waste_draws_the_paper_range(fig, rows):
     """The paper's existing systems are a band from 20.4% to 38.2%, not a bar from zero."""
-    (band,) = [patch for patch in fig.axes[0].patches if patch.get_gid() == figures.PAPER_RANGE]
-    low, high = figures.VLLM_PAPER["existing_token_share"]
+    (band,) = [patch for patch in fig.axes[0].patches if patch.get_gid() == beyond_figures.PAPER_RANGE]
+    low, high = beyond_figures.VLLM_PAPER["existing_token_share"]
     assert band.get_y() == pytest.approx(low * 100) and band.get_height() == pytest.approx((high - low) * 100)
-    assert "20.4" in "\n".join(figures.drawn_text(fig)[1])
+    assert "20.4" in "\n".join(drawing.drawn_text(fig)[1])
 
 
 # what each figure must show (issue 30), checked on the English drawing
@@ -414,14 +415,14 @@ MENDED = {"cost_curves": cost_curves_label_the_cached_points,
 
 @pytest.mark.parametrize("language", ["en", "ko"])
 def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, monkeypatch, language):
-    draw = {"cost_curves": (figures.cost_curves, pd.read_csv(built / "sweep.csv").to_dict("records")),
-            "step_times": (figures.step_times, load(built, "latency.json")),
-            "topp_survivors": (figures.topp_survivors, pd.read_csv(built / "topp_curve.csv").to_dict("records")),
-            "temperature_effect": (figures.temperature_effect, pd.read_csv(built / "temp_curve.csv").to_dict("records")),
-            "compare": (figures.compare, pd.read_csv(built / "compare.csv").to_dict("records")),
-            "batch": (figures.batch, pd.read_csv(built / "batch.tsv", sep="\t").to_dict("records")),
-            "kv_waste": (figures.kv_waste, pd.read_csv(built / "kv_waste.csv").to_dict("records")),
-            "step_anatomy": (figures.step_anatomy, load(built, "step_anatomy.json"))}
+    draw = {"cost_curves": (sheet_figures.cost_curves, pd.read_csv(built / "sweep.csv").to_dict("records")),
+            "step_times": (sheet_figures.step_times, load(built, "latency.json")),
+            "topp_survivors": (sheet_figures.topp_survivors, pd.read_csv(built / "topp_curve.csv").to_dict("records")),
+            "temperature_effect": (sheet_figures.temperature_effect, pd.read_csv(built / "temp_curve.csv").to_dict("records")),
+            "compare": (beyond_figures.compare, pd.read_csv(built / "compare.csv").to_dict("records")),
+            "batch": (beyond_figures.batch, pd.read_csv(built / "batch.tsv", sep="\t").to_dict("records")),
+            "kv_waste": (beyond_figures.kv_waste, pd.read_csv(built / "kv_waste.csv").to_dict("records")),
+            "step_anatomy": (beyond_figures.step_anatomy, load(built, "step_anatomy.json"))}
     for name, (function, data) in draw.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a missing glyph is a warning: fail on it
@@ -449,7 +450,7 @@ def test_anatomy_figure_gives_the_cached_steps_an_axis_of_their_own(built, tmp_p
     uncached["ms"] = {part: ms * 10 for part, ms in uncached["ms"].items()}
     uncached["step_ms"] *= 10
     uncached["step"] = {**uncached["step"], "q1_s": uncached["step"]["q1_s"] * 10, "q3_s": uncached["step"]["q3_s"] * 10}
-    fig = drawn(monkeypatch, figures.step_anatomy, data, tmp_path / "step_anatomy.png")
+    fig = drawn(monkeypatch, beyond_figures.step_anatomy, data, tmp_path / "step_anatomy.png")
     cached_axis, uncached_axis = fig.axes[:2]
     cached = [data["anatomy"][name] for name in ("with_cache_cat", "with_cache_static")]
     longest = max(max(sum(step["ms"].values()), step["step"]["q3_s"] * 1e3) for step in cached)
@@ -463,23 +464,21 @@ def test_the_hangul_font_is_the_packaged_nanumgothic():
     """The figures' NanumGothic is the package's own file, registered with matplotlib, so a machine
     without a Korean system font draws Hangul too (with Debian's fonts-nanum installed matplotlib may
     pick that copy of the same font: either is NanumGothic)."""
-    assert figures.font_families("ko")[:1] == ["NanumGothic"]
-    packaged = figures.hangul_font_path()
+    assert drawing.font_families("ko")[:1] == ["NanumGothic"]
+    packaged = fonts.hangul_font_path()
     assert packaged.parent.parent.name == "koreanize_matplotlib"
     assert packaged in {Path(entry.fname) for entry in font_manager.fontManager.ttflist if entry.name == "NanumGothic"}
     found = font_manager.findfont(font_manager.FontProperties(family="NanumGothic"), fallback_to_default=False)
     assert Path(found).name == "NanumGothic.ttf"
-    assert figures.font_families("en") == ["DejaVu Sans", "NanumGothic"]  # the Korean prefixes it quotes
+    assert drawing.font_families("en") == ["DejaVu Sans", "NanumGothic"]  # the Korean prefixes it quotes
     with pytest.raises(ValueError, match="report.language"):
-        figures.font_families("fr")
+        drawing.font_families("fr")
 
 
 def test_without_the_font_package_ko_says_what_to_install(monkeypatch):
-    from kvlab.present import fonts
-
     monkeypatch.setattr(fonts.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install koreanize-matplotlib"):
-        figures.hangul_font_path()
+        fonts.hangul_font_path()
 
 
 def test_progress_lines_in_the_sweep_log(built):
@@ -650,7 +649,7 @@ def test_the_report_page_holds_its_figures_and_escapes_what_the_model_wrote(buil
     from kvlab.present.pages import report_page
 
     figure_paths = sorted((built / "figures").glob("*.png"))
-    template, font = ROOT / "templates" / "lab_report.html.j2", figures.hangul_font_path()
+    template, font = ROOT / "templates" / "lab_report.html.j2", fonts.hangul_font_path()
     page = report_page(template, [built / "report.md", built / "beyond.md"], figure_paths, font, "ko")
     assert page.count('src="data:image/png;base64,') == figures_linked(built) >= 8 and 'src="figures/' not in page
     assert '<html lang="ko">' in page and "<h2>KV 캐시</h2>" in page and "<table>" in page

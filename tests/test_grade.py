@@ -18,6 +18,7 @@ import kvlab.config as lab_config
 from kvlab.facts.sheet import LAB_RESULTS
 from kvlab.io import read_csv_rows
 from kvlab.grade import check, classroom
+from kvlab.grade.folder import Folder
 from kvlab.present.i18n import messages as i18n_messages
 from kvlab.grade.class_page import class_page
 
@@ -165,7 +166,7 @@ def report_folder(tmp_path, report, speedup=4.634, measured=204800):
                                                   "speedup": speedup}), encoding="utf-8")
     (folder / "kvbytes.json").write_text(json.dumps({"measured_bytes": measured}), encoding="utf-8")
     (folder / "report.md").write_text(report, encoding="utf-8")
-    return check.Folder(folder)
+    return Folder(folder)
 
 
 SETTINGS = check.Settings(temperatures=(0.3,), samples=30, ps=(0.5,))

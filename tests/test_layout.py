@@ -1,6 +1,7 @@
 """The tree's own rules, checked by the tools that own them: the package's layering and the modules
 that never import PyTorch (import-linter's contracts in pyproject.toml), the workflow files' format
-(snakefmt), and one home for the config's defaults."""
+(snakefmt), one home for the config's defaults, and no module longer than one idea."""
+import ast
 import os
 import shutil
 import subprocess
@@ -88,3 +89,18 @@ def test_the_defaults_live_in_config_yaml_alone():
     without_seed = {**config, "default_model": {k: v for k, v in config["default_model"].items() if k != "seed"}}
     with pytest.raises(jsonschema.ValidationError, match="'seed' is a required property"):
         jsonschema.Draft202012Validator(schema).validate(without_seed)
+
+
+# A module longer than this holds more than one idea, unless its docstring says why it is one ("one idea").
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_longer_than_one_idea():
+    long = {}
+    for path in sorted((ROOT / "kvlab").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if len(text.splitlines()) > MAX_MODULE_LINES and "one idea" not in docstring:
+            long[str(path.relative_to(ROOT))] = len(text.splitlines())
+    assert not long, (f"over {MAX_MODULE_LINES} lines, and the docstring does not say why the module is one idea: "
+                      f"{long}")

@@ -21,7 +21,7 @@ from kvlab.engine.checkpoint import save_checkpoint
 from kvlab.engine.tokenizer import load_tokenizer
 from kvlab.measure.serve_bench import ServerProcess
 from kvlab.server.detokenize import IncrementalText
-from kvlab.server.engine_loop import EngineLoop, Finished
+from kvlab.server.serving_thread import Finished, ServingThread
 from kvlab.server.metrics import ServerMetrics
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine
 
@@ -212,18 +212,18 @@ def test_a_sample_that_ends_at_eos_is_counted_as_stop_as_the_docs_say(checkpoint
     engine.add_request(prompt, SamplingParams(do_sample=False, max_tokens=1, eos_token_id=None))
     first = engine.run().outputs[0].samples[0][0]
     metrics = ServerMetrics(MODEL)
-    loop = EngineLoop(ServingEngine(model, ServingConfig(max_num_seqs=SLOTS, num_blocks=BLOCKS, compile=False)),
-                      metrics, max_waiting=1)
+    thread = ServingThread(ServingEngine(model, ServingConfig(max_num_seqs=SLOTS, num_blocks=BLOCKS, compile=False)),
+                           metrics, max_waiting=1)
 
     async def ask():
-        stream = loop.submit(prompt, SamplingParams(do_sample=False, max_tokens=8, eos_token_id=first))
+        stream = thread.submit(prompt, SamplingParams(do_sample=False, max_tokens=8, eos_token_id=first))
         return [event async for event in stream.events()][-1]
 
-    loop.start()
+    thread.start()
     try:
         finished = asyncio.run(ask())
     finally:
-        loop.stop()
+        thread.stop()
     assert isinstance(finished, Finished) and finished.reasons == ("eos",)
     text = metrics.exposition().decode()
     assert 'finished_reason="stop"' in text and 'finished_reason="eos"' not in text, text

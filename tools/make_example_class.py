@@ -64,7 +64,7 @@ def make_class(results: Path, out: Path, tolerance: int = GRADE["temp_tolerance"
     (out / "key").mkdir()
     for name in KEY_RESULTS:
         shutil.copyfile(results / LAB_RESULTS[name], out / "key" / LAB_RESULTS[name])
-    same, count, timing = load(results, "same.json"), load(results, "count.json"), load(results, "time.json")
+    count, timing = load(results, "count.json"), load(results, "time.json")
     kv, temp, topp = load(results, "kvbytes.json"), load(results, "temp.json"), load(results, "topp.json")
     config = load(results / "checkpoints", "pretrain.json")["config"]
     speedup = f"{timing['speedup']:.2f}"

@@ -176,34 +176,3 @@ def disturbed_timings(results: dict) -> list[dict]:
     return sorted(merged.values(), key=lambda item: (
         PARTS.index(item["what"]), groups[(item["what"], item["mode"], item["name"])],
         item["n"] if isinstance(item["n"], (int, float)) else 0))
-
-
-def contended_speedups(results: dict) -> list[dict]:
-    """Every ratio read from a contended timing, as {what, n | name, ratio, low, high}: step 3's
-    speedup ("step3"), the sweep's at each N, the per-step timing's measured one ("latency"), each
-    compared model's, the caches' cat / static ("anatomy"). The report gives them as what this run
-    measured, not as the machine's."""
-    found = []
-    step3 = results.get("time_runs", {}).get("speedup", {})
-    if step3.get("contended"):
-        found.append({"what": "step3", **_ratio(step3)})
-    for row in results.get("sweep", []):
-        if row.get("contended") is True:
-            found.append({"what": "sweep", "n": row["new_tokens"], "ratio": row["speedup"],
-                          "low": row["speedup_low"], "high": row["speedup_high"]})
-    latency = results.get("latency")
-    if latency and latency.get("measured", {}).get("contended"):
-        found.append({"what": "latency", **_ratio(latency["measured"])})
-    for row in results.get("compare", []):
-        if row.get("contended") is True:
-            found.append({"what": "compare", "name": row["name"], "ratio": row["speedup"],
-                          "low": row["speedup_low"], "high": row["speedup_high"]})
-    curve = results.get("step_anatomy", {}).get("curve", {})
-    for key in ("cat_over_static", "static_over_compiled"):
-        if curve.get(key, {}).get("contended"):
-            found.append({"what": "anatomy", "name": key, **_ratio(curve[key])})
-    return found
-
-
-def _ratio(interval: dict) -> dict:
-    return {key: interval[key] for key in ("ratio", "low", "high")}

@@ -51,8 +51,9 @@ class Result:
         return f"report/{self.name}.rst"
 
 
-# Where the lab's figures are drawn (the class's are drawn by kvlab.grade.class_page).
-FIGURES_MODULE = "kvlab.present.figures"
+# Where the lab's figures are drawn: the sheet's, beyond it, serving (the class's are drawn by kvlab.grade.class_page).
+SHEET_FIGURES = "kvlab.present.sheet_figures"
+BEYOND_FIGURES = "kvlab.present.beyond_figures"
 SERVING_FIGURES = "kvlab.present.serving_figures"
 
 
@@ -62,7 +63,7 @@ class Figure:
 
     name: str
     data: str
-    drawn_by: str = FIGURES_MODULE
+    drawn_by: str
     folder: str = "results/figures"
 
     @property
@@ -154,20 +155,20 @@ RESULTS = _results(
 FIGURES = {
     figure.name: figure
     for figure in (
-        Figure("cost_curves", "sweep"),
-        Figure("step_times", "latency"),
-        Figure("topp_survivors", "topp_curve"),
-        Figure("temperature_effect", "temp_curve"),
-        Figure("compare", "compare"),
-        Figure("batch", "batch"),
-        Figure("kv_waste", "kv_waste"),
-        Figure("step_anatomy", "step_anatomy"),
-        Figure("decode_bench", "decode_bench"),
-        Figure("serve_timeline", "serve_trace", drawn_by=SERVING_FIGURES),
-        Figure("serve_latency", "serve_rates", drawn_by=SERVING_FIGURES),
-        Figure("serve_bench", "serve_bench", drawn_by=SERVING_FIGURES),
-        Figure("class_scores", "grades", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
-        Figure("class_tests", "tests", drawn_by="kvlab.grade.class_page", folder=CLASS_FOLDER),
+        Figure("cost_curves", "sweep", SHEET_FIGURES),
+        Figure("step_times", "latency", SHEET_FIGURES),
+        Figure("topp_survivors", "topp_curve", SHEET_FIGURES),
+        Figure("temperature_effect", "temp_curve", SHEET_FIGURES),
+        Figure("compare", "compare", BEYOND_FIGURES),
+        Figure("batch", "batch", BEYOND_FIGURES),
+        Figure("kv_waste", "kv_waste", BEYOND_FIGURES),
+        Figure("step_anatomy", "step_anatomy", BEYOND_FIGURES),
+        Figure("decode_bench", "decode_bench", BEYOND_FIGURES),
+        Figure("serve_timeline", "serve_trace", SERVING_FIGURES),
+        Figure("serve_latency", "serve_rates", SERVING_FIGURES),
+        Figure("serve_bench", "serve_bench", SERVING_FIGURES),
+        Figure("class_scores", "grades", "kvlab.grade.class_page", folder=CLASS_FOLDER),
+        Figure("class_tests", "tests", "kvlab.grade.class_page", folder=CLASS_FOLDER),
     )
 }
 

@@ -7,36 +7,25 @@ held to no key; or one student's, against the answer key) and the `grade` rules 
 students' folders, against the answer key: kvlab.grade.classroom) all call it, so each rule of the
 sheet is written once.
 
-A folder may be a student's, so it is untrusted: files are read, never executed; only the sheet's
-file names are opened; a link leading out of the folder, a file over the size cap, a report that is
-not UTF-8, malformed JSON and a value of the wrong type each cost the rules that need that file.
+A folder may be a student's, so it is untrusted: it is read through kvlab.grade.folder (the security
+boundary), and a file a rule cannot use fails that rule only. The numbers the report states as
+measured are found by kvlab.grade.report_numbers.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.facts.formulas import fed_formulas
-from kvlab.facts.sheet import HANDED_IN, KV_HEADING, LAB_RESULTS, REPORT_FILE, REPORT_HEADINGS
+from kvlab.facts.sheet import HANDED_IN, KV_HEADING, REPORT_FILE, REPORT_HEADINGS
 from kvlab.facts.timing import CONTENDED_CPU_SHARE, UNSTABLE_IQR_SHARE
+from kvlab.grade.folder import DEFAULT_MAX_BYTES, KINDS, Folder, Unusable, field, shown
+from kvlab.grade.report_numbers import (MIN_SIGNIFICANT, byte_forms, bytes_match, kv_section, rounds_to,
+                                        shown_forms, speedup_forms, stated_as_measured)
 from kvlab.present.i18n import N_
-
-# A file larger than this is not read (extras.check and grade.max_file_bytes set it).
-DEFAULT_MAX_BYTES = 1 << 20
-
-
-class CheckFailed(ValueError):
-    """One or more rules failed; the message names them."""
-
-
-class Unusable(ValueError):
-    """A file a rule needs cannot be used: the message names the file and why."""
 
 
 @dataclass(frozen=True)
@@ -53,112 +42,6 @@ class Settings:
     temp_tolerance: int = 0
     max_bytes: int = DEFAULT_MAX_BYTES
 
-
-class Folder:
-    """A results folder whose files are read once, on first use, and only as data."""
-
-    def __init__(self, path, max_bytes: int = DEFAULT_MAX_BYTES):
-        self.path = Path(path)
-        self.max_bytes = max_bytes
-        self._cache: dict[str, object] = {}
-
-    def _read(self, file_name: str) -> bytes:
-        path = self.path / file_name
-        try:
-            info = path.lstat()
-        except FileNotFoundError:
-            raise Unusable(f"{file_name} is missing") from None
-        if stat.S_ISLNK(info.st_mode):
-            target = path.resolve()
-            if not target.is_relative_to(self.path.resolve()):
-                raise Unusable(f"{file_name} is a link to {os.readlink(path)}, outside the folder: not read")
-            path = target
-        if not path.is_file():
-            raise Unusable(f"{file_name} is not a regular file")
-        size = path.stat().st_size
-        if size > self.max_bytes:
-            raise Unusable(f"{file_name} is {size:,} bytes, over the {self.max_bytes:,}-byte cap: not read")
-        with open(path, "rb") as handle:
-            data = handle.read(self.max_bytes + 1)
-        if len(data) > self.max_bytes:  # it grew since
-            raise Unusable(f"{file_name} is over the {self.max_bytes:,}-byte cap: not read")
-        return data
-
-    def text(self, file_name: str) -> str:
-        data = self._read(file_name)
-        try:
-            return data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is allowed
-        except UnicodeDecodeError as err:
-            raise Unusable(f"{file_name} is not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}): "
-                           f"save it as UTF-8") from None
-
-    def json(self, file_name: str) -> dict:
-        if file_name not in self._cache:
-            self._cache[file_name] = self._parse(file_name)
-        value = self._cache[file_name]
-        if isinstance(value, Unusable):
-            raise value
-        return value
-
-    def _parse(self, file_name: str):
-        try:
-            value = json.loads(self.text(file_name), parse_constant=_no_constant)
-        except Unusable as err:
-            return err
-        except json.JSONDecodeError as err:
-            return Unusable(f"{file_name} is not valid JSON ({err.msg}: line {err.lineno}, column {err.colno})")
-        except ValueError as err:
-            return Unusable(f"{file_name} is not valid JSON ({err})")
-        except RecursionError:
-            return Unusable(f"{file_name} is not valid JSON (nested too deeply)")
-        if not isinstance(value, dict):
-            return Unusable(f"{file_name} should hold a JSON object, got {type(value).__name__}")
-        return value
-
-    def result(self, name: str) -> dict:
-        """The lab sheet's result file `name` (kvlab.facts.sheet.LAB_RESULTS), e.g. "counts"."""
-        return self.json(LAB_RESULTS[name])
-
-    def report(self) -> str:
-        if REPORT_FILE not in self._cache:
-            try:
-                self._cache[REPORT_FILE] = self.text(REPORT_FILE)
-            except Unusable as err:
-                self._cache[REPORT_FILE] = err
-        value = self._cache[REPORT_FILE]
-        if isinstance(value, Unusable):
-            raise value
-        return value
-
-
-def _no_constant(name):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-KINDS = {
-    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "number": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-               and math.isfinite(v)),
-    "bool": ("true or false", lambda v: isinstance(v, bool)),
-    "ints": ("a list of integers", lambda v: isinstance(v, list)
-             and all(isinstance(x, int) and not isinstance(x, bool) for x in v)),
-}
-
-
-def field(folder: Folder, name: str, key: str, kind: str):
-    """Key `key` of the sheet's file `name`, which must be of `kind` (KINDS)."""
-    file_name, data = LAB_RESULTS[name], folder.result(name)
-    if key not in data:
-        raise Unusable(f"{file_name} has no key {key!r}")
-    words, fits = KINDS[kind]
-    if not fits(data[key]):
-        raise Unusable(f"{file_name}: {key} should be {words}, got {_shown(data[key])}")
-    return data[key]
-
-
-def _shown(value) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # --- the rules, in the sheet's order ------------------------------------------------------------
@@ -255,7 +138,7 @@ def temp(folder, settings):
         row = data[key]
         if not (isinstance(row, dict) and set(row) == {"distinct"} and KINDS["int"][1](row["distinct"])
                 and 1 <= row["distinct"] <= settings.samples):
-            problems.append(f'"{key}" should be {{"distinct": 1..{settings.samples}}}, got {_shown(row)}')
+            problems.append(f'"{key}" should be {{"distinct": 1..{settings.samples}}}, got {shown(row)}')
     if problems:
         return False, "; ".join(problems)
     counts = {key: data[key]["distinct"] for key in expected}
@@ -278,145 +161,23 @@ def topp(folder, settings):
     if sorted(data) != sorted(expected):
         return False, f"keys {sorted(data)}, expected {sorted(expected)}"
     if not all(KINDS["int"][1](data[k]) and data[k] >= 1 for k in expected):
-        return False, f"counts must be integers >= 1, got {_shown(data)}"
+        return False, f"counts must be integers >= 1, got {shown(data)}"
     ordered = [data[k] for k in sorted(expected, key=float)]
     if ordered != sorted(ordered):
-        return False, f"survivors must not shrink as p grows, got {_shown(data)}"
+        return False, f"survivors must not shrink as p grows, got {shown(data)}"
     answer = (settings.key or {}).get("topp")
     if answer is None:
-        return True, f"keys {expected}: {_shown(data)}"
+        return True, f"keys {expected}: {shown(data)}"
     wrong = [f'"{k}": {data[k]}, key {answer[k]}' for k in expected if data[k] != answer[k]]
     if wrong:
         return False, "survivors differ from the key: " + "; ".join(wrong)
-    return True, f"{_shown(data)}, equal to the key"
+    return True, f"{shown(data)}, equal to the key"
 
 
 def report_headings(folder, settings):
     lines = {line.strip() for line in folder.report().splitlines()}
     missing = [heading for heading in REPORT_HEADINGS if heading not in lines]
     return not missing, "all three present" if not missing else f"missing {', '.join(missing)}"
-
-
-# --- numbers in the report: found as what they are, in the KV cache section -----------------------
-
-# A number as written: 4.63, 14,880, 204,800; not a piece of a longer number or word ("15.00" holds no "5.00").
-_NUMBER = r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?![\d,]\d|\.\d)"
-_SPACING = " \t*_`"
-_BOLD = r"[\s*_`]*"
-SPEEDUP_UNITS = ("×", "x", "X", "배", "times")
-SPEEDUP_WORDS = ("speedup", "speed-up", "배율")
-BYTE_UNITS = {"바이트": 1, "bytes": 1, "byte": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
-BYTE_WORDS = ("measured_bytes",)
-MIN_SIGNIFICANT = {"speedup": 2, "scaled bytes": 3}
-
-
-def _after_unit(units) -> re.Pattern:
-    """A number, then one of `units`: a sign (× or x) right after it, as in 4.63× ("2 × layers" is a
-    product, not a speedup), a word (배, times, bytes) after spaces or emphasis."""
-    def unit(u):
-        spacing = "[*_]*" if u in ("×", "x", "X") else _BOLD
-        return spacing + re.escape(u) + (r"(?![A-Za-z])" if u.isascii() else "")
-    return re.compile(_NUMBER + "(" + "|".join(unit(u) for u in units) + ")")  # group 3: spacing and unit
-
-
-def _after_word(words) -> re.Pattern:
-    alternatives = "|".join(re.escape(w) for w in words)
-    return re.compile(rf"(?:{alternatives})[^\d\n|]{{0,12}}?" + _NUMBER, re.IGNORECASE)  # not across a table cell
-
-
-SPEEDUP_AFTER, SPEEDUP_LABELLED = _after_unit(SPEEDUP_UNITS), _after_word(SPEEDUP_WORDS)
-BYTES_AFTER, BYTES_LABELLED = _after_unit(BYTE_UNITS), _after_word(BYTE_WORDS)
-
-
-def kv_section(report: str) -> str | None:
-    """The text of the report's `## KV 캐시` section (to the next heading of level 1 or 2), or None."""
-    lines = report.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == KV_HEADING]
-    if not starts:
-        return None
-    body = []
-    for line in lines[starts[0] + 1:]:
-        if re.match(r"#{1,2}\s", line.strip()):
-            break
-        body.append(line)
-    return "\n".join(body)
-
-
-# A clause that states no measured number: a hypothetical ("after repeat_kv it would be 409,600 bytes",
-# "이후라면"), a prediction, or a comparison with another number ("not the formula's", "보다", "다릅니다").
-# Matched case-blind, as words in English (a hypothetical "if" is not the "if" of "diff").
-HYPOTHETICAL = ("would", "could", "if", "predict", "predicts", "predicted", "라면", "다면", "텐데", "예측")
-COMPARED = ("than", "not the", "instead of", "rather than", "unlike", "differ", "differs", "보다", "아니라",
-            "대신", "다릅", "달리", "비해")
-# Where a clause ends: a sentence's end (not a decimal point), a colon or semicolon, a comma before a
-# space (not a thousands separator), a table cell's bar, a line's end; a parenthesis is a clause of its own.
-_CLAUSE_END = re.compile(r"[.!?。](?=\s|$)|[:;|\n]|,(?=\s)")
-_PARENTHESIS = re.compile(r"\([^()\n]*\)")
-
-
-def _states_no_measurement(clause: str) -> bool:
-    lowered = clause.lower()
-    for marker in (*HYPOTHETICAL, *COMPARED):
-        if marker.isascii():
-            if re.search(rf"(?<![a-z]){re.escape(marker)}(?![a-z])", lowered):
-                return True
-        elif marker in clause:
-            return True
-    return False
-
-
-def stated_as_measured(section: str) -> str:
-    """`section` with every clause that states no measured number blanked out (HYPOTHETICAL, COMPARED),
-    so that a number is found only where the report gives it as what was measured: "measured_bytes =
-    204,800 bytes" is kept, "(after repeat_kv it would be 409,600 bytes)" and "not the formula's 409,600
-    bytes" are not. A parenthesis is judged on its own, then the clauses around it; blanked text
-    becomes spaces, so no two numbers join."""
-    def blank(match: re.Match) -> str:
-        return " " * len(match.group(0)) if _states_no_measurement(match.group(0)) else match.group(0)
-
-    text = _PARENTHESIS.sub(blank, section)
-    kept, start = [], 0
-    for end in [m.end() for m in _CLAUSE_END.finditer(text)] + [len(text)]:
-        clause = text[start:end]
-        kept.append(" " * len(clause) if _states_no_measurement(clause) else clause)
-        start = end
-    return "".join(kept)
-
-
-def rounds_to(written: str, value: float, min_significant: int) -> bool:
-    """`written` (e.g. "4.63", "1,234.5") is `value` rounded to the decimals written, with at least
-    `min_significant` significant digits."""
-    digits = written.replace(",", "")
-    decimals = len(digits.partition(".")[2])
-    if len(digits.replace(".", "").lstrip("0")) < min_significant:
-        return False
-    return abs(float(digits) - value) <= 0.5 * 10 ** -decimals * (1 + 1e-9)
-
-
-def speedup_forms(section: str) -> list[tuple[str, str]]:
-    """(number, as written) for every number the section writes as a speedup."""
-    found = [(m.group(1) + (m.group(2) or ""), m.group(0).strip()) for m in SPEEDUP_AFTER.finditer(section)]
-    found += [(m.group(1) + (m.group(2) or ""), m.group(0).strip()) for m in SPEEDUP_LABELLED.finditer(section)]
-    return found
-
-
-def byte_forms(section: str) -> list[tuple[str, int, str]]:
-    """(number, bytes per unit, as written) for every number the section writes as bytes."""
-    found = [(m.group(1) + (m.group(2) or ""), BYTE_UNITS[m.group(3).strip(_SPACING)], m.group(0).strip())
-             for m in BYTES_AFTER.finditer(section)]
-    found += [(m.group(1) + (m.group(2) or ""), 1, m.group(0).strip()) for m in BYTES_LABELLED.finditer(section)]
-    return found
-
-
-def _bytes_match(number: str, unit: int, value: int) -> bool:
-    if unit == 1:
-        return "." not in number and int(number.replace(",", "")) == value
-    return rounds_to(number, value / unit, MIN_SIGNIFICANT["scaled bytes"])
-
-
-def _shown_forms(forms) -> str:
-    written = list(dict.fromkeys(form[-1] for form in forms))
-    return ", ".join(written[:6]) + (", ..." if len(written) > 6 else "") if written else "none"
 
 
 def _written_in_kv_section(folder, label: str, source: str, as_what: str, forms_of, matches):
@@ -431,7 +192,7 @@ def _written_in_kv_section(folder, label: str, source: str, as_what: str, forms_
     if found:
         return True, f"{label} found in {KV_HEADING} as {found[0]}"
     return False, (f"{label} ({source}) not found in {KV_HEADING} as {as_what}, stated as measured; "
-                   f"what it states as measured {as_what}: {_shown_forms(forms)}")
+                   f"what it states as measured {as_what}: {shown_forms(forms)}")
 
 
 def report_speedup(folder, settings):
@@ -443,7 +204,7 @@ def report_speedup(folder, settings):
 def report_measured_bytes(folder, settings):
     measured = field(folder, "kvbytes", "measured_bytes", "int")
     return _written_in_kv_section(folder, f"measured_bytes {measured:,}", "kvbytes.json", "bytes", byte_forms,
-                                  lambda form: _bytes_match(form[0], form[1], measured))
+                                  lambda form: bytes_match(form[0], form[1], measured))
 
 
 # name -> (rule, what it grades, in a line). The lines are in English, as Gradescope's results.json

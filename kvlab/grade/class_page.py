@@ -12,8 +12,8 @@ import numpy as np
 from markupsafe import Markup
 
 from kvlab.grade.classroom import class_rows, pass_rate_rows
+from kvlab.present.drawing import drawing, save
 from kvlab.present.fonts import font_family, with_font
-from kvlab.present.figures import drawing, save
 from kvlab.present.i18n import N_, gettext_for
 from kvlab.present.pages import sandboxed_template
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import jsonschema
 
 from kvlab.facts.sheet import HANDED_IN, LAB_RESULTS
-from kvlab.grade.check import RULES, Folder, Settings, check_results, run_rule
+from kvlab.grade.check import RULES, Settings, check_results, run_rule
+from kvlab.grade.folder import Folder
 
 REQUIRED_COLUMNS = ("student_id", "results")
 # A student id names a folder under results/class/ and a Snakemake wildcard: letters, digits, . _ -

@@ -28,7 +28,6 @@ from kvlab.present import beyond, clocks
 from kvlab.present.pages import sandboxed_template
 from kvlab.present.verdicts import against, agreement, comparison, direction, on_clock, one_clock, steps
 
-SHEET_TEMPLATE = "report.md.j2"
 BEYOND_TEMPLATE = "beyond.md.j2"
 # The two rules a timing is read with care by (kvlab.facts.timing), which the reports state.
 RULES = {"unstable_rule": UNSTABLE_IQR_SHARE, "contended_rule": CONTENDED_CPU_SHARE,

@@ -1,5 +1,5 @@
-"""The continuous-batching figures (rules/serving.smk's results), drawn as kvlab.present.figures draws
-the lab's: matplotlib's Agg backend, labels in the report's language, a PNG saved atomically with its
+"""The continuous-batching figures (rules/serving.smk's results), drawn as kvlab.present.drawing draws
+every figure: matplotlib's Agg backend, labels in the report's language, a PNG saved atomically with its
 text in its metadata.
 
   serve_timeline  the trace served twice, static above continuous: each request a row (waiting, its
@@ -18,8 +18,8 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 
+from kvlab.present.drawing import drawing, save
 from kvlab.present.i18n import N_
-from kvlab.present.figures import drawing, save
 
 POLICY_STYLES = {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}
 # serve_bench's servers (kvlab.measure.serve_bench.SERVERS)

@@ -1,4 +1,4 @@
-"""The HTTP side: FastAPI routes that check a request, hand it to the engine loop and answer in
+"""The HTTP side: FastAPI routes that check a request, hand it to the serving thread and answer in
 OpenAI's shapes, streamed as server-sent events or whole.
 
   POST /v1/completions        a prompt (text, or token ids) continued
@@ -9,6 +9,10 @@ OpenAI's shapes, streamed as server-sent events or whole.
   GET  /state                 the engine's live state as JSON (what the page at / draws)
   GET  /                      a page to watch it: a prompt, its tokens streaming, the engine's queues and blocks
   GET  /fonts/NanumGothic.ttf the page's Hangul font (the package's NanumGothic), for a machine without one
+
+The routes live at module level on `router`; each reads what it shares with the others (the tokenizer,
+the limits, the engine, its thread, the metrics: a ServerContext) from `request.app.state.context`,
+which `create_app` sets before it includes the router.
 
 A streamed answer is one `data: {chunk}` event per draw that adds text (per sample, `index` the
 sample), then for each sample a chunk with its `finish_reason`, then (unless `stream_options:
@@ -23,7 +27,7 @@ import json
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -33,19 +37,19 @@ from kvlab.present.fonts import FONT_ROUTE, web_font
 from kvlab.serving import SamplingParams, ServingEngine
 from kvlab.server import page, protocol
 from kvlab.server.detokenize import IncrementalText
-from kvlab.server.engine_loop import EngineLoop, Failed, Finished, Overloaded, RequestStream, ShuttingDown, Tokens
+from kvlab.server.serving_thread import Failed, Finished, Overloaded, RequestStream, ServingThread, ShuttingDown, Tokens
 from kvlab.server.metrics import CONTENT_TYPE, ServerMetrics
 from kvlab.server.protocol import ApiError, ChatRequest, CompletionRequest, Limits, Shape
 
 
 @dataclass
 class ServerContext:
-    """Everything the routes share: the tokenizer, what the model and pool hold, the engine loop."""
+    """Everything the routes share: the tokenizer, what the model and pool hold, the serving thread."""
 
     tokenizer: Tokenizer
     limits: Limits
     engine: ServingEngine
-    loop: EngineLoop
+    thread: ServingThread
     metrics: ServerMetrics
     retry_after_s: int = 1
 
@@ -54,7 +58,7 @@ class ServerContext:
         model = engine.model.config
         limits = Limits(model_name, model.vocab_size, model.max_position_embeddings, tokenizer.eos_id, engine.config)
         metrics = ServerMetrics(model_name)
-        return cls(tokenizer, limits, engine, EngineLoop(engine, metrics, max_waiting), metrics)
+        return cls(tokenizer, limits, engine, ServingThread(engine, metrics, max_waiting), metrics)
 
 
 # Characters a JSON string may hold raw that some clients' line splitting (str.splitlines) takes for a
@@ -70,166 +74,202 @@ def sse(payload: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
-def create_app(context: ServerContext) -> FastAPI:
-    tokenizer, limits, loop = context.tokenizer, context.limits, context.loop
+router = APIRouter()
 
-    @asynccontextmanager
-    async def lifespan(app):
-        loop.start()
-        yield
-        loop.stop()
 
-    app = FastAPI(title="kvlab serve", summary="MiniMind behind OpenAI's API, on kvlab's paged serving engine",
-                  lifespan=lifespan)
+def context_of(request: Request) -> ServerContext:
+    """What the routes share, as create_app put it in the app's state."""
+    return request.app.state.context
 
-    @app.exception_handler(ApiError)
-    async def api_error(request, err: ApiError):
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, err: RequestValidationError):
-        error = protocol.validation_error(err.errors())
-        return JSONResponse(error.body(), status_code=error.status)
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    """The engine's thread runs while the app serves."""
+    thread = app.state.context.thread
+    thread.start()
+    yield
+    thread.stop()
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request, err: HTTPException):
-        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(err.status_code, f"{request.method} {request.url.path}: {err.detail}",
-                                     kind=kind).body(), status_code=err.status_code)
 
-    # --- the two generation endpoints --------------------------------------------------------------
+async def api_error(request: Request, err: ApiError):
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        protocol.check_model(body, limits)
-        protocol.check_implemented(body)
-        prompt = protocol.completion_prompt(body, tokenizer.encode)
-        params = protocol.sampling_params(body, prompt, limits, body.max_tokens)
-        return await answer(request, body, prompt, params, Shape.of(False, limits.model_name))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
-        protocol.check_model(body, limits)
-        protocol.check_implemented(body)
-        prompt = protocol.chat_prompt(body, tokenizer)
-        params = protocol.sampling_params(body, prompt, limits, body.max_completion_tokens or body.max_tokens)
-        return await answer(request, body, prompt, params, Shape.of(True, limits.model_name))
+async def invalid(request: Request, err: RequestValidationError):
+    error = protocol.validation_error(err.errors())
+    return JSONResponse(error.body(), status_code=error.status)
 
-    def submit(prompt: list[int], params: SamplingParams) -> RequestStream:
-        try:
-            context.engine.check_request(prompt, params)  # reads only the configs: safe off the engine thread
-        except ValueError as err:
-            raise ApiError(400, str(err)) from None
-        try:
-            return loop.submit(prompt, params)
-        except Overloaded:
-            context.metrics.reject("overloaded")
-            raise ApiError(503, f"overloaded: {loop.max_waiting} requests wait already (--max-waiting); retry later",
-                           kind="server_error", code="overloaded",
-                           headers={"Retry-After": str(context.retry_after_s)}) from None
-        except ShuttingDown:
-            context.metrics.reject("shutdown")
-            raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down",
-                           headers={"Retry-After": str(context.retry_after_s)}) from None
 
-    async def answer(request: Request, body, prompt: list[int], params: SamplingParams, shape: Shape):
-        stream = submit(prompt, params)
-        if body.stream:
-            return StreamingResponse(streamed(stream, body, shape), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        collecting = asyncio.ensure_future(collect(stream))
-        leaving = asyncio.ensure_future(disconnected(request))
-        try:
-            await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            leaving.cancel()
-            if not collecting.done():  # the client left (or the handler was cancelled): free its blocks
-                collecting.cancel()
-                loop.abort(stream)
-        if not collecting.done() or collecting.cancelled():
-            return Response(status_code=499)  # nobody reads it
-        rows, finished = collecting.result()
-        choices = [shape.choice(index, tokenizer.decode(ids, skip_special_tokens=True),
-                                protocol.FINISH_REASONS[reason], ids if body.return_token_ids else None, stream=False)
-                   for index, (ids, reason) in enumerate(zip(rows, finished.reasons))]
-        return shape.response(choices, protocol.usage(finished.prompt_tokens, finished.completion_tokens),
-                              prompt if body.return_token_ids else None)
+async def http_error(request: Request, err: HTTPException):
+    kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+    return JSONResponse(ApiError(err.status_code, f"{request.method} {request.url.path}: {err.detail}",
+                                 kind=kind).body(), status_code=err.status_code)
 
-    async def collect(stream: RequestStream):
-        rows = [[] for _ in range(stream.params.n)]
+
+# --- the two generation endpoints ------------------------------------------------------------------
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    context = context_of(request)
+    limits = context.limits
+    protocol.check_model(body, limits)
+    protocol.check_implemented(body)
+    prompt = protocol.completion_prompt(body, context.tokenizer.encode)
+    params = protocol.sampling_params(body, prompt, limits, body.max_tokens)
+    return await answer(context, request, body, prompt, params, Shape.of(False, limits.model_name))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatRequest, request: Request):
+    context = context_of(request)
+    limits = context.limits
+    protocol.check_model(body, limits)
+    protocol.check_implemented(body)
+    prompt = protocol.chat_prompt(body, context.tokenizer)
+    params = protocol.sampling_params(body, prompt, limits, body.max_completion_tokens or body.max_tokens)
+    return await answer(context, request, body, prompt, params, Shape.of(True, limits.model_name))
+
+
+def submit(context: ServerContext, prompt: list[int], params: SamplingParams) -> RequestStream:
+    try:
+        context.engine.check_request(prompt, params)  # reads only the configs: safe off the engine thread
+    except ValueError as err:
+        raise ApiError(400, str(err)) from None
+    try:
+        return context.thread.submit(prompt, params)
+    except Overloaded:
+        context.metrics.reject("overloaded")
+        raise ApiError(503, f"overloaded: {context.thread.max_waiting} requests wait already (--max-waiting); "
+                       "retry later", kind="server_error", code="overloaded",
+                       headers={"Retry-After": str(context.retry_after_s)}) from None
+    except ShuttingDown:
+        context.metrics.reject("shutdown")
+        raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down",
+                       headers={"Retry-After": str(context.retry_after_s)}) from None
+
+
+async def answer(context: ServerContext, request: Request, body, prompt: list[int], params: SamplingParams,
+                 shape: Shape):
+    stream = submit(context, prompt, params)
+    if body.stream:
+        return StreamingResponse(streamed(context, stream, body, shape), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    collecting = asyncio.ensure_future(collect(stream))
+    leaving = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+        if not collecting.done():  # the client left (or the handler was cancelled): free its blocks
+            collecting.cancel()
+            context.thread.abort(stream)
+    if not collecting.done() or collecting.cancelled():
+        return Response(status_code=499)  # nobody reads it
+    rows, finished = collecting.result()
+    choices = [shape.choice(index, context.tokenizer.decode(ids, skip_special_tokens=True),
+                            protocol.FINISH_REASONS[reason], ids if body.return_token_ids else None, stream=False)
+               for index, (ids, reason) in enumerate(zip(rows, finished.reasons))]
+    return shape.response(choices, protocol.usage(finished.prompt_tokens, finished.completion_tokens),
+                          prompt if body.return_token_ids else None)
+
+
+async def collect(stream: RequestStream):
+    rows = [[] for _ in range(stream.params.n)]
+    async for event in stream.events():
+        if isinstance(event, Tokens):
+            for row, ids in zip(rows, event.rows):
+                row += ids
+        elif isinstance(event, Finished):
+            return rows, event
+        else:
+            raise ApiError(event.status, event.message, kind="server_error")
+
+
+async def disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def streamed(context: ServerContext, stream: RequestStream, body, shape: Shape):
+    n, with_ids = stream.params.n, body.return_token_ids
+    texts = [IncrementalText(context.tokenizer) for _ in range(n)]
+    try:
+        if shape.chat:
+            for index in range(n):
+                yield sse(shape.chunk([shape.choice(index, "", None, None, stream=True, role=True)]))
         async for event in stream.events():
             if isinstance(event, Tokens):
-                for row, ids in zip(rows, event.rows):
-                    row += ids
+                for index, ids in enumerate(event.rows):
+                    text = texts[index].add(list(ids)) if ids else ""
+                    if text or (ids and with_ids):
+                        yield sse(shape.chunk([shape.choice(index, text, None, list(ids) if with_ids else None,
+                                                            stream=True)]))
             elif isinstance(event, Finished):
-                return rows, event
-            else:
-                raise ApiError(event.status, event.message, kind="server_error")
+                for index, reason in enumerate(event.reasons):
+                    yield sse(shape.chunk([shape.choice(index, texts[index].flush(),
+                                                        protocol.FINISH_REASONS[reason],
+                                                        [] if with_ids else None, stream=True)]))
+                if body.include_usage:
+                    yield sse(shape.chunk([], protocol.usage(event.prompt_tokens, event.completion_tokens)))
+            elif isinstance(event, Failed):
+                yield sse(ApiError(event.status, event.message, kind="server_error").body())
+        yield sse("[DONE]")
+    finally:  # the client left mid-stream (the generator is closed or cancelled): free its blocks now
+        if not stream.closed:
+            context.thread.abort(stream)
 
-    async def disconnected(request: Request) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
 
-    async def streamed(stream: RequestStream, body, shape: Shape):
-        n, with_ids = stream.params.n, body.return_token_ids
-        texts = [IncrementalText(tokenizer) for _ in range(n)]
-        try:
-            if shape.chat:
-                for index in range(n):
-                    yield sse(shape.chunk([shape.choice(index, "", None, None, stream=True, role=True)]))
-            async for event in stream.events():
-                if isinstance(event, Tokens):
-                    for index, ids in enumerate(event.rows):
-                        text = texts[index].add(list(ids)) if ids else ""
-                        if text or (ids and with_ids):
-                            yield sse(shape.chunk([shape.choice(index, text, None, list(ids) if with_ids else None,
-                                                                stream=True)]))
-                elif isinstance(event, Finished):
-                    for index, reason in enumerate(event.reasons):
-                        yield sse(shape.chunk([shape.choice(index, texts[index].flush(),
-                                                            protocol.FINISH_REASONS[reason],
-                                                            [] if with_ids else None, stream=True)]))
-                    if body.include_usage:
-                        yield sse(shape.chunk([], protocol.usage(event.prompt_tokens, event.completion_tokens)))
-                elif isinstance(event, Failed):
-                    yield sse(ApiError(event.status, event.message, kind="server_error").body())
-            yield sse("[DONE]")
-        finally:  # the client left mid-stream (the generator is closed or cancelled): free its blocks now
-            if not stream.closed:
-                loop.abort(stream)
+# --- the rest --------------------------------------------------------------------------------------
 
-    # --- the rest ----------------------------------------------------------------------------------
+@router.get("/v1/models")
+async def models(request: Request):
+    limits = context_of(request).limits
+    return {"object": "list", "data": [{"id": limits.model_name, "object": "model", "created": 0,
+                                        "owned_by": "kvlab", "max_model_len": limits.max_positions}]}
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": limits.model_name, "object": "model", "created": 0,
-                                            "owned_by": "kvlab", "max_model_len": limits.max_positions}]}
 
-    @app.get("/health")
-    async def health():
-        if loop.draining:
-            return JSONResponse({"status": "shutting down"}, status_code=503,
-                                headers={"Retry-After": str(context.retry_after_s)})
-        if not loop.alive:
-            return JSONResponse({"status": "the engine thread is not running"}, status_code=503)
-        return {"status": "ok"}
+@router.get("/health")
+async def health(request: Request):
+    context = context_of(request)
+    if context.thread.draining:
+        return JSONResponse({"status": "shutting down"}, status_code=503,
+                            headers={"Retry-After": str(context.retry_after_s)})
+    if not context.thread.alive:
+        return JSONResponse({"status": "the engine thread is not running"}, status_code=503)
+    return {"status": "ok"}
 
-    @app.get("/metrics")
-    async def metrics():
-        return Response(context.metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.get("/state")
-    async def state():
-        config = context.engine.config
-        return {**loop.state, "model": limits.model_name, "max_num_seqs": config.max_num_seqs, "policy": config.policy,
-                "max_waiting": loop.max_waiting}
+@router.get("/metrics")
+async def metrics(request: Request):
+    return Response(context_of(request).metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.get("/", response_class=HTMLResponse)
-    async def index():
-        return page.html(limits.model_name)
 
-    @app.get(FONT_ROUTE)
-    async def font():
-        return Response(web_font(), media_type="font/ttf", headers={"Cache-Control": "max-age=86400"})
+@router.get("/state")
+async def state(request: Request):
+    context = context_of(request)
+    config = context.engine.config
+    return {**context.thread.state, "model": context.limits.model_name, "max_num_seqs": config.max_num_seqs,
+            "policy": config.policy, "max_waiting": context.thread.max_waiting}
 
+
+@router.get("/", response_class=HTMLResponse)
+async def index(request: Request):
+    return page.html(context_of(request).limits.model_name)
+
+
+@router.get(FONT_ROUTE)
+async def font():
+    return Response(web_font(), media_type="font/ttf", headers={"Cache-Control": "max-age=86400"})
+
+
+def create_app(context: ServerContext) -> FastAPI:
+    """The app serving `context`: the context in its state, OpenAI's error shapes, the router's routes;
+    the engine's thread starts and stops with it (its lifespan)."""
+    app = FastAPI(title="kvlab serve", summary="MiniMind behind OpenAI's API, on kvlab's paged serving engine",
+                  lifespan=lifespan)
+    app.state.context = context
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http_error)
+    app.include_router(router)
     return app

@@ -150,10 +150,10 @@ def serve(args) -> int:
              engine.config.num_blocks, engine.config.block_size, engine.config.policy, args.host, port)
 
     class DrainingServer(uvicorn.Server):
-        """uvicorn's server, which on SIGTERM or SIGINT drains before it shuts down: the engine loop refuses
-        new requests (503 with Retry-After, /health 503) and lets the running ones go on for --drain-seconds,
-        while the listener stays open, so a client that comes during the drain is told to retry rather than
-        refused a connection. Once nothing runs, uvicorn's own shutdown closes the listener and waits for
+        """uvicorn's server, which on SIGTERM or SIGINT drains before it shuts down: the serving thread
+        refuses new requests (503 with Retry-After, /health 503) and lets the running ones go on for
+        --drain-seconds, while the listener stays open, so a client that comes during the drain is told to
+        retry rather than refused a connection. Once nothing runs, uvicorn's own shutdown closes the listener and waits for
         the last answers to be sent. A second signal shuts down at once."""
 
         draining = False
@@ -167,15 +167,15 @@ def serve(args) -> int:
                 super().handle_exit(sig, frame)
                 return
             self.draining = True
-            # a signal handler must not take the engine loop's lock: the drain starts on the event loop
+            # a signal handler must not take the serving thread's lock: the drain starts on the event loop
             self.event_loop.call_soon_threadsafe(self.start_drain, sig, frame)
 
         def start_drain(self, sig, frame):
-            context.loop.drain(args.drain_seconds)
+            context.thread.drain(args.drain_seconds)
             self.event_loop.create_task(self.shut_down_when_drained(sig, frame))
 
         async def shut_down_when_drained(self, sig, frame):
-            while not context.loop.drained:
+            while not context.thread.drained:
                 await asyncio.sleep(DRAIN_POLL_S)
             log.info("drained: no request runs; closing the listener")
             uvicorn.Server.handle_exit(self, sig, frame)
@@ -188,7 +188,7 @@ def serve(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
     asyncio.run(server.serve(sockets=[sock]))
-    log.info("stopped after %d engine steps", context.loop.steps)
+    log.info("stopped after %d engine steps", context.thread.steps)
     return 0 if server.started else 1
 
 

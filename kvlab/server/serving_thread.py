@@ -1,12 +1,13 @@
-"""The one thread that owns the model: it steps the serving engine and feeds each request's stream.
+"""The serving thread (ServingThread), the one thread that owns the model: it steps the serving engine
+and feeds each request's stream.
 
 HTTP handlers run on the event loop and never touch the engine. A handler `submit`s a prompt and its
 SamplingParams and gets a RequestStream, an asyncio queue the engine thread fills:
 
-    stream = loop.submit(prompt_ids, params)     # Overloaded / ShuttingDown: a 503
+    stream = thread.submit(prompt_ids, params)   # Overloaded / ShuttingDown: a 503
     async for event in stream.events():          # Tokens(rows) ..., then Finished or Failed
         ...
-    loop.abort(stream)                           # the client left: blocks back before the next step
+    thread.abort(stream)                         # the client left: blocks back before the next step
 
 The thread's round: take the submissions and aborts that came in, add and abort them in the engine,
 run one `step` (a forward pass over every running request), then push to each stream the tokens its
@@ -97,7 +98,7 @@ class RequestStream:
                 return
 
 
-class EngineLoop:
+class ServingThread:
     def __init__(self, engine: ServingEngine, metrics: ServerMetrics, max_waiting: int):
         self.engine = engine
         self.metrics = metrics

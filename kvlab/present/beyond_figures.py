@@ -1,84 +1,31 @@
-"""The report's figures, drawn with matplotlib's Agg backend (no display needed).
+"""The figures beyond the lab sheet: the cache's speedup across model sizes, many requests at once,
+how a cache is reserved, where a step's time goes, and decoding path against path. Drawn as
+kvlab.present.drawing draws every figure; each function takes the rows a rule wrote and saves one PNG.
 
-Labels follow the report's language (config `report.language`): English, or Korean
-set in NanumGothic, the Hangul font the `koreanize-matplotlib` package ships (read
-from its folder, so nothing is downloaded and no system font is needed). Glyphs
-NanumGothic lacks (−, µ, ×) fall back to matplotlib's own DejaVu Sans. Each
-function takes the rows a rule wrote and saves one PNG atomically; the PNG's
-Title and Description metadata hold the figure's title and every label drawn.
+  compare       the speedup against model size, and an average step split into its fixed and per-token parts
+  batch         decode throughput and a step's time against the batch size B (llama-batched-bench)
+  kv_waste      what each reservation policy's reserved cache holds, beside the vLLM paper's shares
+  step_anatomy  the lab's last step opened by part, and one decode step as the cache fills
+  decode_bench  ms per new token of each decoding path, above the core's arithmetic limit and read floor
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
 
-import matplotlib
+from kvlab.facts.compare import average_step_s, fixed_share
+from kvlab.facts.formulas import VLLM_PAPER, fits_budgets
+from kvlab.present.drawing import WITH_CACHE_COLOR, drawing, save
+from kvlab.present.i18n import N_
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
-
-from kvlab.io import atomic_path  # noqa: E402
-from kvlab.present.fonts import HANGUL_FONT, hangul_font_path  # noqa: E402,F401  (the figures' face)
-from kvlab.present.i18n import N_, check_language, gettext_for  # noqa: E402
-from kvlab.facts.compare import average_step_s, fixed_share  # noqa: E402
-from kvlab.facts.formulas import VLLM_PAPER, fits_budgets  # noqa: E402
-
-WITH_CACHE_COLOR = "tab:blue"
-WITHOUT_CACHE_COLOR = "tab:red"
-# gids of what a test looks for: the lines marking the lab sheet's own p values or temperatures, the
-# band of the vLLM paper's existing systems
-LAB_VALUE = "lab_value"
+# the gid of what a test looks for: the band of the vLLM paper's existing systems
 PAPER_RANGE = "paper_range"
 
 # Every label drawn, by key, in English; its Korean is in the catalog (kvlab.present.i18n). {names} are
 # filled in by the caller.
 LABELS = {
-    "with_cache": N_("with cache"),
-    "without_cache": N_("without cache"),
-    "formula_with": N_("formula P + N − 1 (linear)"),
-    "formula_without": N_("formula P·N + N(N−1)/2 (quadratic)"),
-    "measured_with": N_("measured, with cache"),
-    "measured_without": N_("measured, without cache"),
-    "new_tokens_log": N_("new tokens N (log scale)"),
-    "fed_total_log": N_("tokens fed to forward, total (log scale)"),
-    "work_title": N_("Work: tokens fed (prompt P = {prompt_len})"),
-    "new_tokens": N_("new tokens N"),
-    "median_time": N_("median generation time (s)"),
-    "time_title": N_("Time: median of the timed runs"),
-    "cost_title": N_("Greedy generation cost with and without the KV cache"),
-    "decode_steps": N_("{mode}: decode steps (TPOT {tpot:.2f} ms)"),
-    "prefill_step": N_("{mode}: first step = prefill (TTFT {ttft:.2f} ms)"),
-    "fit_line": N_("fit (all steps): {fixed:.2f} ms + {per_token:.2f} µs × fed tokens"),
-    "fit_prediction": N_("the fit's prediction for each step: {fixed:.2f} ms + {per_token:.2f} µs × the tokens it was fed"),
-    "fed_tokens_axis": N_("tokens fed to the step's forward"),
-    "steps_by_context": N_("Against the context the step attends over"),
-    "steps_by_fed": N_("Against the tokens fed, what the fit is a function of"),
-    "context_length": N_("context length: prompt + tokens generated before the step"),
-    "step_time": N_("forward time per step (ms)"),
-    "steps_title": N_("Time of each generation step ({new_tokens} new tokens; each step the median of its {with_runs} "
-                      "runs with the cache, {without_runs} without)"),
-    "after_prefix": N_("after \"{prefix}\""),
-    "after_sharp_prefix": N_("after \"{prefix}\""),
-    "whole_vocabulary": N_("whole vocabulary ({vocab_size:,} tokens)"),
-    "lab_ps": N_("the lab sheet's p values"),
-    "topp_threshold": N_("top-p threshold p"),
-    "kept_log": N_("candidate tokens kept (log scale)"),
-    "topp_title": N_("How many next-token candidates MiniMind's top-p rule keeps"),
-    "distinct_of": N_("distinct answers of {samples}"),
-    "all_different": N_("all {samples} different"),
-    "temperature": N_("temperature"),
-    "lab_temperatures": N_("the lab sheet's temperatures"),
-    "distinct_count": N_("distinct answers (count)"),
-    "distinct_title": N_("Distinct answers among {samples} samples"),
-    "mean_entropy": N_("mean entropy per sampled token"),
-    "uniform_entropy": N_("uniform pick over the vocabulary: ln {vocab_size:,} = {uniform:.2f}"),
-    "entropy_nats": N_("entropy (nats)"),
-    "entropy_title": N_("Entropy of the distribution each token was drawn from"),
-    "temperature_title": N_("Sampling the SFT model's answer to the lab question at each temperature (same seed)"),
     "token_ratio": N_("token ratio {ratio:.1f}×: the speedup if time were proportional to tokens fed"),
     "measured_speedup": N_("measured speedup (median times, bars: its interval)"),
     "predicted_speedup": N_("predicted by each model's fixed-cost fit"),
@@ -147,244 +94,6 @@ LABELS = {
 }
 
 
-def font_families(language: str) -> list[str]:
-    """The font list for `language`, first choice first (matplotlib falls back glyph by glyph: an
-    English figure still sets the Korean text it quotes, such as a top-p prefix, in NanumGothic)."""
-    check_language(language)
-    path = str(hangul_font_path())
-    if path not in {entry.fname for entry in font_manager.fontManager.ttflist}:
-        font_manager.fontManager.addfont(path)
-    return ["DejaVu Sans", HANGUL_FONT] if language == "en" else [HANGUL_FONT, "DejaVu Sans"]
-
-
-@contextmanager
-def drawing(language: str, labels: dict | None = None):
-    """Draw in `language`'s fonts; yields the function that looks up a label by its key (in `labels`,
-    LABELS by default), in `language` (kvlab.present.i18n), with its {names} filled in."""
-    labels = labels or LABELS
-    translate = gettext_for(language)
-
-    def text(key: str, **values) -> str:
-        return translate(labels[key]).format(**values)
-
-    with plt.rc_context({"font.family": font_families(language), "axes.unicode_minus": True}):
-        yield text
-
-
-def drawn_text(fig) -> tuple[str, list[str]]:
-    """The figure's title (its suptitle, else its first axes' title) and every title, axis label
-    and legend entry drawn on it (the axes' legends, then the figure's), in order."""
-    title = fig.get_suptitle()
-    labels = []
-    for ax in fig.axes:
-        labels += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
-        legend = ax.get_legend()
-        if legend is not None:
-            labels += [entry.get_text() for entry in legend.get_texts()]
-    for legend in fig.legends:
-        labels += [entry.get_text() for entry in legend.get_texts()]
-    labels = [label for label in labels if label]
-    return title or (labels[0] if labels else ""), labels
-
-
-def save(fig, path, rect=None) -> None:
-    """Lay out and save `fig` as a PNG whose Title and Description metadata hold its text. `rect`
-    (left, bottom, right, top, in figure fractions) keeps the axes inside it, leaving the rest to a
-    figure legend."""
-    fig.tight_layout(rect=rect)
-    title, labels = drawn_text(fig)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, metadata={"Title": title, "Description": "\n".join(labels)})
-    plt.close(fig)
-
-
-def one_two_five(low: float, high: float) -> list[float]:
-    """The ticks 1, 2, 5, 10, 20, 50, ... from the last one at or under `low` to the first at or over
-    `high`: a log axis labelled at every 1-2-5 step, so points between two powers of ten read off it."""
-    ticks = []
-    power = 10 ** int(np.floor(np.log10(low)))
-    while not ticks or ticks[-1] < high:
-        ticks += [power * mantissa for mantissa in (1, 2, 5)]
-        power *= 10
-    first = max(index for index, tick in enumerate(ticks) if tick <= low)
-    last = min(index for index, tick in enumerate(ticks) if tick >= high)
-    return ticks[first:last + 1]
-
-
-def plain_log_ticks(axis, ticks) -> None:
-    """Label a log axis at `ticks` with plain numbers (1,000, not 10³) and no minor labels."""
-    axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
-    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
-    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-
-
-def cost_curves(rows: list[dict], path, language: str = "en") -> None:
-    """Left: tokens fed to forward against N, measured points on both formulas (log-log, so
-    the slopes read as growth orders). Right: median generation time against N."""
-    n = np.array([row["new_tokens"] for row in rows])
-    prompt_len = rows[0]["prompt_len"]
-    fine = np.linspace(n.min(), n.max(), 200)
-    with drawing(language) as text:
-        with_cache = {"color": WITH_CACHE_COLOR, "label": text("with_cache")}
-        without_cache = {"color": WITHOUT_CACHE_COLOR, "label": text("without_cache")}
-        fig, (tokens_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
-
-        tokens_ax.plot(fine, prompt_len + fine - 1, color=WITH_CACHE_COLOR, lw=1.5, label=text("formula_with"))
-        tokens_ax.plot(fine, prompt_len * fine + fine * (fine - 1) / 2, color=WITHOUT_CACHE_COLOR, lw=1.5,
-                       label=text("formula_without"))
-        tokens_ax.plot(n, [row["fed_with_cache"] for row in rows], "o", color=WITH_CACHE_COLOR,
-                       label=text("measured_with"))
-        tokens_ax.plot(n, [row["fed_without_cache"] for row in rows], "s", color=WITHOUT_CACHE_COLOR,
-                       label=text("measured_without"))
-        tokens_ax.set_xscale("log", base=2)
-        tokens_ax.set_yscale("log")
-        tokens_ax.set_xticks(n, [str(v) for v in n])
-        # labelled at 1-2-5 steps: the cached points (a few hundred tokens) lie between powers of ten
-        fed = [value for row in rows for value in (row["fed_with_cache"], row["fed_without_cache"])]
-        ticks = one_two_five(min(fed), max(fed))
-        plain_log_ticks(tokens_ax.yaxis, ticks)
-        tokens_ax.set_ylim(min(ticks[0] / 1.1, min(fed) / 1.3), max(fed) * 1.3)  # the tick under the lowest in view
-        tokens_ax.set_xlabel(text("new_tokens_log"))
-        tokens_ax.set_ylabel(text("fed_total_log"))
-        tokens_ax.set_title(text("work_title", prompt_len=prompt_len))
-        tokens_ax.grid(True, which="both", alpha=0.3)
-        tokens_ax.legend(fontsize=8)
-
-        time_ax.plot(n, [row["with_cache_s"] for row in rows], "o-", **with_cache)
-        time_ax.plot(n, [row["without_cache_s"] for row in rows], "s-", **without_cache)
-        time_ax.set_xlabel(text("new_tokens"))
-        time_ax.set_ylabel(text("median_time"))
-        time_ax.set_title(text("time_title"))
-        time_ax.grid(True, alpha=0.3)
-        time_ax.legend(fontsize=8)
-        fig.suptitle(text("cost_title"))
-        save(fig, path)
-
-
-def step_times(latency: dict, path, language: str = "en") -> None:
-    """Every step's time, both modes, the prefill marked. Left: against the context the step attends
-    over, with the fit's prediction for each step drawn at its own context (from the tokens that step
-    was fed). Right: against the tokens fed, what the fit is a function of, with the fit's line."""
-    fit = latency["fit"]
-
-    def predicted_ms(fed):
-        return (fit["fixed_s"] + fit["per_token_s"] * np.asarray(fed, dtype=float)) * 1000
-
-    with drawing(language) as text:
-        fig, (context_ax, fed_ax) = plt.subplots(1, 2, figsize=(12, 5.4))
-        for label, color, marker in (("without_cache", WITHOUT_CACHE_COLOR, "s"),
-                                     ("with_cache", WITH_CACHE_COLOR, "o")):
-            mode = latency[label]
-            ms = np.array(mode["step_s"]) * 1000
-            for ax, x in ((context_ax, mode["context_tokens"]), (fed_ax, mode["fed_tokens"])):
-                ax.plot(x[1:], ms[1:], marker, ms=4, color=color,
-                        label=text("decode_steps", mode=text(label), tpot=mode["tpot_s"] * 1000))
-                ax.plot(x[:1], ms[:1], marker, ms=11, mfc="none", mew=2, color=color,
-                        label=text("prefill_step", mode=text(label), ttft=mode["ttft_s"] * 1000))
-        # each step's prediction at its own context: one token fed with the cache, the context without
-        for index, label in enumerate(("without_cache", "with_cache")):
-            mode = latency[label]
-            context_ax.plot(mode["context_tokens"], predicted_ms(mode["fed_tokens"]), "_", ms=4, mew=1.2, color="black",
-                            label=text("fit_prediction", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6)
-                            if index == 0 else None)
-        fed = np.linspace(0, max(max(latency[label]["fed_tokens"]) for label in ("with_cache", "without_cache")), 2)
-        fed_ax.plot(fed, predicted_ms(fed), "k--", lw=1,
-                    label=text("fit_line", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6))
-        context_ax.set_xlabel(text("context_length"))
-        context_ax.set_title(text("steps_by_context"))
-        fed_ax.set_xlabel(text("fed_tokens_axis"))
-        fed_ax.set_title(text("steps_by_fed"))
-        top = max(context_ax.get_ylim()[1], fed_ax.get_ylim()[1])
-        for ax in (context_ax, fed_ax):
-            ax.set_ylabel(text("step_time"))
-            ax.set_ylim(0, top)
-            ax.grid(True, alpha=0.3)
-        handles, labels = context_ax.get_legend_handles_labels()
-        fit_handles, fit_labels = fed_ax.get_legend_handles_labels()
-        fig.legend(handles + fit_handles[-1:], labels + fit_labels[-1:], loc="lower center", ncol=3, fontsize=8,
-                   frameon=False)
-        # each mode's own number of runs: a timing repeats while it is unstable, so the two may differ
-        fig.suptitle(text("steps_title", new_tokens=latency["new_tokens"],
-                          with_runs=latency["with_cache"]["generate"]["n"],
-                          without_runs=latency["without_cache"]["generate"]["n"]))
-        save(fig, path, rect=(0, 0.1, 1, 1))
-
-
-def mark_lab_values(ax, values, label: str) -> None:
-    """Dashed vertical lines at the lab sheet's `values` (the first one carrying `label` in the legend),
-    each named by a tick of its own on a top axis."""
-    for index, value in enumerate(values):
-        ax.axvline(value, color="grey", ls="--", lw=0.8, alpha=0.6, gid=LAB_VALUE, label=label if index == 0 else None)
-    top = ax.secondary_xaxis("top")
-    top.set_xticks(values, [str(float(value)) for value in values], fontsize=8, color="dimgrey")  # as the lab's keys
-    top.tick_params(length=3, color="grey")
-
-
-def topp_survivors(rows: list[dict], path, language: str = "en") -> None:
-    """Survivors of top-p against p, after each of the two prefixes; the whole vocabulary as a
-    ceiling, and the lab sheet's p values marked. The legend quotes the prefixes only: which of
-    them leaves more candidates is for the data to show, not the label."""
-    ps = [row["p"] for row in rows]
-    vocab_size = rows[0]["vocab_size"]
-    marked_ps = [row["p"] for row in rows if row["lab_p"]]
-    with drawing(language) as text:
-        fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        ax.plot(ps, [row["flat"] for row in rows], "o-", color="tab:green", ms=4,
-                label=text("after_prefix", prefix=rows[0]["flat_prefix"]))
-        ax.plot(ps, [row["sharp"] for row in rows], "s-", color="tab:purple", ms=4,
-                label=text("after_sharp_prefix", prefix=rows[0]["sharp_prefix"]))
-        ax.axhline(vocab_size, color="grey", ls=":", lw=1, label=text("whole_vocabulary", vocab_size=vocab_size))
-        mark_lab_values(ax, marked_ps, text("lab_ps"))
-        ax.set_yscale("log")
-        counts = [row[column] for row in rows for column in ("flat", "sharp")] + [vocab_size]
-        plain_log_ticks(ax.yaxis, one_two_five(min(counts), max(counts)))
-        ax.set_ylim(min(counts) / 1.4, max(counts) * 1.4)
-        ax.set_xlabel(text("topp_threshold"))
-        ax.set_ylabel(text("kept_log"))
-        ax.set_title(text("topp_title"))
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=9, loc="upper left")
-        save(fig, path)
-
-
-def temperature_effect(rows: list[dict], path, language: str = "en") -> None:
-    """Left: distinct answers against temperature, up to all of them. Right: the mean entropy
-    of the distributions the tokens were drawn from, up to that of a uniform pick. Both mark the lab
-    sheet's temperatures (the rows' `lab_temperature`)."""
-    temperatures = [row["temperature"] for row in rows]
-    lab_temperatures = [row["temperature"] for row in rows if row["lab_temperature"]]
-    samples = rows[0]["samples"]
-    vocab_size = rows[0]["vocab_size"]
-    uniform = float(np.log(vocab_size))
-    with drawing(language) as text:
-        fig, (distinct_ax, entropy_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-
-        distinct_ax.plot(temperatures, [row["distinct"] for row in rows], "o-", color="tab:orange",
-                         label=text("distinct_of", samples=samples))
-        distinct_ax.axhline(samples, color="grey", ls=":", lw=1, label=text("all_different", samples=samples))
-        mark_lab_values(distinct_ax, lab_temperatures, text("lab_temperatures"))
-        distinct_ax.set_ylim(0, samples * 1.1)
-        distinct_ax.set_xlabel(text("temperature"))
-        distinct_ax.set_ylabel(text("distinct_count"))
-        distinct_ax.set_title(text("distinct_title", samples=samples))
-        distinct_ax.grid(True, alpha=0.3)
-        distinct_ax.legend(loc="lower right", fontsize=9)
-
-        entropy_ax.plot(temperatures, [row["mean_entropy_nats"] for row in rows], "^-", color="tab:cyan",
-                        label=text("mean_entropy"))
-        entropy_ax.axhline(uniform, color="grey", ls=":", lw=1,
-                           label=text("uniform_entropy", vocab_size=vocab_size, uniform=uniform))
-        mark_lab_values(entropy_ax, lab_temperatures, text("lab_temperatures"))
-        entropy_ax.set_ylim(0, uniform * 1.1)
-        entropy_ax.set_xlabel(text("temperature"))
-        entropy_ax.set_ylabel(text("entropy_nats"))
-        entropy_ax.set_title(text("entropy_title"))
-        entropy_ax.grid(True, alpha=0.3)
-        entropy_ax.legend(loc="center left", fontsize=9)
-        fig.suptitle(text("temperature_title"))
-        save(fig, path)
-
-
 def compare(rows: list[dict], path, language: str = "en") -> None:
     """Left: measured and predicted speedup against parameter count (log x), and the token ratio: the
     speedup if time were proportional to the tokens fed (not a bound: time is not proportional).
@@ -392,7 +101,7 @@ def compare(rows: list[dict], path, language: str = "en") -> None:
     the fit's fixed and per-token parts, as shares of the step's time (total in ms on top)."""
     params = np.array([row["parameters"] for row in rows], dtype=float)
     names = [row["name"] for row in rows]
-    with drawing(language) as text:
+    with drawing(language, LABELS) as text:
         fig, (speed_ax, split_ax) = plt.subplots(1, 2, figsize=(11.5, 4.6))
 
         ratios = sorted({round(row["token_ratio"], 6) for row in rows})
@@ -454,7 +163,7 @@ def batch(rows: list[dict], path, language: str = "en") -> None:
     step's median time against B: flat while the step's fixed cost dominates, rising once rows do.
     Both axes linear, so that growing in proportion to B reads as a straight line."""
     styles = {"shared": ("tab:blue", "o"), "distinct": ("tab:orange", "s")}
-    with drawing(language) as text:
+    with drawing(language, LABELS) as text:
         fig, (speed_ax, step_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
         top = max(row["S_TG_high"] for row in rows)
         for mode, (color, marker) in styles.items():
@@ -502,7 +211,7 @@ def kv_waste(rows: list[dict], path, language: str = "en") -> None:
     parts = (("token_share", "token_states", "tab:green"), ("reservation_share", "reservation", "tab:olive"),
              ("internal_fragmentation_share", "internal_fragmentation", "tab:red"))
     budget, column = next(iter(fits_budgets(rows[0]).items()))
-    with drawing(language) as text:
+    with drawing(language, LABELS) as text:
         fig, ax = plt.subplots(figsize=(12, 5))
         positions = np.arange(len(rows))
         bottom = np.zeros(len(rows))
@@ -579,7 +288,7 @@ def step_anatomy(data: dict, path, language: str = "en") -> None:
     anatomy, curve = data["anatomy"], data["curve"]
     labels = {"with_cache_cat": "step_cat", "with_cache_static": "step_static", "without_cache": "step_uncached"}
     cached = [name for name in anatomy["steps"] if name != "without_cache"]
-    with drawing(language) as text:
+    with drawing(language, LABELS) as text:
         fig = plt.figure(figsize=(14, 7))
         grid = fig.add_gridspec(2, 2, width_ratios=[1.2, 1], height_ratios=[len(cached), 1])
         cached_ax, uncached_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0])
@@ -622,7 +331,7 @@ def decode_bench(rows: list[dict], path, language: str = "en") -> None:
     arithmetic limit and read floor beneath: how far each path is from what its arithmetic and its
     reading of the weights need."""
     lengths = sorted({row["new_tokens"] for row in rows})
-    with drawing(language) as text:
+    with drawing(language, LABELS) as text:
         fig, ax = plt.subplots(figsize=(8, 5.6))
         for name, (color, marker) in DECODE_STYLES.items():
             mine = sorted((row for row in rows if row["path"] == name), key=lambda row: row["new_tokens"])
