@@ -42,9 +42,9 @@ def test_padded_rows_generate_what_each_prompt_gives_alone(use_cache, flash):
     prompts = prompts_of((5, 17, 9, 1))
     ids, mask = left_pad(prompts)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=15, use_cache=use_cache, **GREEDY)
-    for row, prompt in enumerate(prompts):
-        alone = model.generate(torch.tensor([prompt]), max_new_tokens=15, **GREEDY)[0, len(prompt):]
-        assert torch.equal(out[row, ids.shape[1]:], alone), f"row {row} (prompt of {len(prompt)} tokens)"
+    for row, row_ids in enumerate(prompts):
+        alone = model.generate(torch.tensor([row_ids]), max_new_tokens=15, **GREEDY)[0, len(row_ids):]
+        assert torch.equal(out[row, ids.shape[1]:], alone), f"row {row} (prompt of {len(row_ids)} tokens)"
     assert len(set(out[1, ids.shape[1]:].tolist())) > 1, "degenerate output would make the check weak"
 
 
