@@ -56,3 +56,9 @@ def course_build(tmp_path_factory, course):
     workdir = tmp_path_factory.mktemp("run")
     snakemake(workdir, config=course_config(course))
     return workdir
+
+
+def pytest_collection_modifyitems(config, items):
+    """The cluster's tests first: one pytest worker runs them in turn (most of their time waiting on
+    Slurm's status checks) while the other takes the rest."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
