@@ -150,7 +150,7 @@ def test(node: str, times: int, core: int) -> int:
     passed = 0
     try:
         for index in range(times):
-            done = subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "pytest", "-q", "-p",
+            done = subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "pytest", "-q", "-n", "0", "-p",
                                    "no:cacheprovider", node], cwd=ROOT, capture_output=True, text=True)
             passed += done.returncode == 0
             print(f"run {index + 1}: {'passed' if done.returncode == 0 else 'FAILED'}")
