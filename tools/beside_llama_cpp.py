@@ -31,6 +31,7 @@ from kvlab.engine import fast
 from kvlab.engine.checkpoint import load_model
 from kvlab.engine.sampling import GREEDY
 from kvlab.facts import timing
+from kvlab.measure.fidelity import token_difference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,17 +100,18 @@ def write_gguf(model, tokenizer_json: Path, path: Path) -> None:
 def llama_run(llm, prompt: list[int], new_tokens: int):
     """(prefill s, decode s, prefill cpu s, decode cpu s, tokens): llama.cpp, greedy."""
     n_vocab = llm.n_vocab()
+
+    def greedy(ids: list[int]) -> int:  # feed ids, choose from the last position's logits
+        llm.eval(ids)
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+
     llm.reset()
     wall, cpu = time.perf_counter(), time.thread_time()
-    llm.eval(prompt)
-    logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
-    out = [int(np.argmax(logits))]
+    out = [greedy(prompt)]
     prefill, prefill_cpu = time.perf_counter() - wall, time.thread_time() - cpu
     wall, cpu = time.perf_counter(), time.thread_time()
     for _ in range(new_tokens - 1):
-        llm.eval([out[-1]])
-        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
-        out.append(int(np.argmax(logits)))
+        out.append(greedy([out[-1]]))
     return prefill, time.perf_counter() - wall, prefill_cpu, time.thread_time() - cpu, out
 
 
@@ -171,11 +173,10 @@ def main(argv=None) -> int:
     reference = model.generate(prompt_t, max_new_tokens=args.new_tokens, eos_token_id=None, **GREEDY)
     reference = reference[0, len(prompt):].tolist()
     for name, done in runs.items():
-        ids = done[0][4]
-        same = sum(a == b for a, b in zip(ids, reference))
-        first = next((i for i, (a, b) in enumerate(zip(ids, reference)) if a != b), None)
-        print(f"{name}: {same} of {args.new_tokens} tokens as the model's own generate"
-              + ("" if first is None else f" (the first differs at {first})"))
+        difference = token_difference([done[0][4]], [reference])
+        first = difference.get("first_difference")
+        print(f"{name}: {'the same' if difference['identical'] else 'not the same'} {args.new_tokens} tokens as the "
+              f"model's own generate" + ("" if first is None else f" (the first differs at {first['position']})"))
     return 0
 
 
