@@ -6,10 +6,14 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
+from kvlab.serving import cpu_attention
 from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes
 from kvlab.serving.compiled_step import step_rows
+from kvlab.engine.fast import find_cpp_compiler as fast_compiler
 from kvlab.engine.model import attention
 from kvlab.serving.paged_attention import block_attention, block_index, gather_kv, paged_attention, slot_ids
 
@@ -177,6 +181,44 @@ def test_block_attention_is_minimind_attention_row_by_row():
     got = block_attention(q, keys, values, torch.tensor(positions), rows.pair_rows, rows.pair_blocks, rows.pair_starts)
     expected = reference_attention(q, keys, values, tables, positions)
     assert torch.allclose(got, expected, atol=1e-6, rtol=1e-5)
+
+
+@settings(max_examples=40)
+@given(data=st.data(), head_dim=st.sampled_from([32, 64, 8, 40]), group=st.sampled_from([2, 4, 3]),
+       block_size=st.sampled_from([16, 4, 12]), scale=st.sampled_from([1.0, 6.0]))
+def test_the_cpu_kernel_is_minimind_attention_row_by_row(data, head_dim, group, block_size, scale):
+    """kvlab.serving.cpu_attention (C++, the compiled step's attention on a CPU) against MiniMind's
+    attention of each row alone: its vectorised shapes (head_dim 32 and 64) and the loop every other
+    shape takes, blocks of 16 (two lanes of eight positions), 12 (eight and a rest) and 4, prompt rows
+    that read the same blocks up to their own positions, scores far apart (scale 6: its exponential at
+    work far below the largest)."""
+    if not cpu_attention.usable(torch.empty(0)):
+        pytest.skip("no C++ compiler built kvlab.serving.cpu_attention's kernel")
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16)))
+    kv_heads = 2
+    pieces, tables, next_block = [], [], 0
+    for _ in range(data.draw(st.integers(1, 5))):
+        start, fed = data.draw(st.integers(0, 40)), data.draw(st.integers(1, 6))
+        table = list(range(next_block, next_block + (start + fed - 1) // block_size + 1))
+        next_block += len(table)
+        pieces.append(([1] * fed, start, table, True))
+        tables += [table] * fed
+    keys, values = torch.randn(2, next_block + 1, block_size, kv_heads, head_dim, generator=generator)
+    rows = step_rows(pieces, block_size, next_block, "cpu")
+    q = torch.randn(len(rows.positions), 1, kv_heads * group, head_dim, generator=generator) * scale
+    got = torch.ops.kvlab.paged_attention(q, keys, values, rows.positions, rows.pair_rows, rows.pair_blocks)
+    if len(tables) < len(rows.positions):  # a lone row's partner on the scratch block
+        tables.append([next_block])
+    expected = reference_attention(q, keys, values, tables, rows.positions.tolist())
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_the_compiled_step_attends_with_the_cpu_kernel(model):
+    """On a CPU in float32 with a compiler at hand, the engine's compiled step runs the C++ kernel."""
+    engine = ServingEngine(model, ServingConfig(num_blocks=16))
+    assert engine.runner.compiled.native == cpu_attention.usable(engine.pool.keys[0])
+    if fast_compiler():
+        assert engine.runner.compiled.native
 
 
 def test_a_step_of_one_row_is_padded_onto_the_scratch_block():

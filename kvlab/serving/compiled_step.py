@@ -15,9 +15,11 @@ computes a second's.
 
 Inside (`step_logits`): the packed weights (kvlab.engine.step.PackedWeights: q/k/v and gate/up each
 one product), each row's token at its own position (RoPE rows gathered per row), its K and V written
-into its slot of the pool, attention over the blocks its table holds
-(kvlab.serving.paged_attention.block_attention: the work is per (row, block) pair, so a row reads
-its own blocks and no padding), the MLP, and the LM head over the rows that draw. Matrix products
+into its slot of the pool, attention over the blocks its table holds (on a CPU in float32,
+kvlab.serving.cpu_attention's C++ kernel, called from the graph as a custom operator; elsewhere
+kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows the
+(row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
+rows that draw. Matrix products
 with the weights are the BLAS library's, one product for all the step's rows. The next-token choice
 stays eager (kvlab.engine.sampling), as in the fast path.
 
@@ -35,11 +37,13 @@ import time
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from kvlab.engine import fast, step
 from kvlab.engine.model import MiniMindForCausalLM, rms_norm
+from kvlab.serving import cpu_attention
 from kvlab.serving.block_pool import BlockPool
 from kvlab.serving.paged_attention import block_attention
 
@@ -75,40 +79,44 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
     """The rows of a step's pieces, each (token ids, start, block table, wants its last logits): one row
     per position a piece feeds, at start, start + 1, ...; every row reads the blocks of its table up to
     its own position. A step of one row gets a second on the scratch block; a step that wants one row's
-    logits (or none) gets the last row's again (MIN_SIZE)."""
-    token_ids, positions, owners, tables, logit_rows = [], [], [], [], []
+    logits (or none) gets the last row's again (MIN_SIZE). Built with NumPy: a step's few hundred
+    small integers cost less there than in a dozen tensor calls."""
+    token_ids, starts, lengths, tables, logit_rows = [], [], [], [], []
     for ids, start, table, wants_logits in pieces:
-        owners += [len(tables)] * len(ids)
-        tables.append(table)
         token_ids += ids
-        positions += range(start, start + len(ids))
+        starts.append(start)
+        lengths.append(len(ids))
+        tables.append(table)
         if wants_logits:
             logit_rows.append(len(token_ids) - 1)
     if len(token_ids) < MIN_SIZE:
-        owners.append(len(tables))
-        tables.append([scratch_block])
         token_ids.append(0)
-        positions.append(0)
+        starts.append(0)
+        lengths.append(1)
+        tables.append([scratch_block])
     logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
-    width = max(len(table) for table in tables)
-    table_ids = torch.tensor([table + [scratch_block] * (width - len(table)) for table in tables])
-    at = torch.tensor(positions)
-    owner = torch.tensor(owners)
+    width = max(map(len, tables))
+    table_ids = np.array([table + [scratch_block] * (width - len(table)) for table in tables], dtype=np.int64)
+    lengths = np.array(lengths, dtype=np.int64)
+    owner = np.repeat(np.arange(len(tables)), lengths)  # each row's piece
+    first_row = np.cumsum(lengths) - lengths
+    at = np.arange(len(owner)) - first_row[owner] + np.array(starts, dtype=np.int64)[owner]  # each row's position
     reads = at // block_size + 1  # blocks each row reads
-    pair_rows = torch.repeat_interleave(torch.arange(len(token_ids)), reads)
-    first_pair = torch.cumsum(reads, 0) - reads
-    pair_index = torch.arange(len(pair_rows)) - first_pair[pair_rows]  # which of its row's blocks
-    rows = StepRows(torch.tensor(token_ids), at, table_ids[owner, at // block_size] * block_size + at % block_size,
-                    pair_rows, table_ids[owner[pair_rows], pair_index], pair_index * block_size,
-                    torch.tensor(logit_rows))
-    return StepRows(*(tensor.to(device) for tensor in rows.tensors()))
+    pair_rows = np.repeat(np.arange(len(at)), reads)
+    first_pair = np.cumsum(reads) - reads
+    pair_index = np.arange(len(pair_rows)) - first_pair[pair_rows]  # which of its row's blocks
+    arrays = (np.array(token_ids, dtype=np.int64), at,
+              table_ids[owner, at // block_size] * block_size + at % block_size, pair_rows,
+              table_ids[owner[pair_rows], pair_index], pair_index * block_size, np.array(logit_rows, dtype=np.int64))
+    return StepRows(*(torch.from_numpy(array).to(device) for array in arrays))
 
 
 def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torch.Tensor],
-                pool_values: list[torch.Tensor], shape: step.Shape) -> torch.Tensor:
+                pool_values: list[torch.Tensor], shape: step.Shape, native: bool = False) -> torch.Tensor:
     """Every row's token at its position through the model: its K and V written into each layer's pool
     (num_blocks, bs, KV, D) at its slot, attention over positions 0 .. its position through its
-    blocks. Returns the logits (R, V) of the `logit_rows`."""
+    blocks (`native`: kvlab.serving.cpu_attention's kernel, else block_attention). Returns the logits
+    (R, V) of the `logit_rows`."""
     block_size = pool_keys[0].shape[1]
     cos, sin = weights.cos[rows.positions][:, None], weights.sin[rows.positions][:, None]  # (N, 1, D) each row's
     blocks, offsets = rows.slots // block_size, rows.slots % block_size
@@ -118,8 +126,12 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
         q, k, v = step.project_qkv(normed, layer, shape, cos, sin, PLAN)  # (N, 1, H or KV, D)
         pool_keys[index].index_put_((blocks, offsets), k[:, 0])
         pool_values[index].index_put_((blocks, offsets), v[:, 0])
-        attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
-                                   rows.pair_blocks, rows.pair_starts)
+        if native:
+            attended = torch.ops.kvlab.paged_attention(q, pool_keys[index], pool_values[index], rows.positions,
+                                                       rows.pair_rows, rows.pair_blocks)
+        else:
+            attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
+                                       rows.pair_blocks, rows.pair_starts)
         hidden = step.linear(attended, layer.o, PLAN) + hidden
         hidden = hidden + step.mlp(rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
     last = rms_norm(hidden[rows.logit_rows, 0], weights.final_norm, shape.eps)  # (R, C)
@@ -127,10 +139,10 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
 
 
 def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, packed,
-                       pool_keys, pool_values, shape: step.Shape) -> torch.Tensor:
+                       pool_keys, pool_values, shape: step.Shape, native: bool) -> torch.Tensor:
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty)."""
     rows = StepRows(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows)
-    return step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape)
+    return step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape, native)
 
 
 _COMPILED = None
@@ -162,6 +174,7 @@ class CompiledStep:
         self.weights = step.PackedWeights(model, self.shape, PLAN)
         self.device = model.lm_head.weight.device
         self.compiled = compile and self._compiler_found()
+        self.native = self.compiled and cpu_attention.usable(pool.keys[0])  # the C++ attention
         self.compile_s = 0.0
         self.compiles = 0
         self.calls = 0
@@ -184,12 +197,14 @@ class CompiledStep:
         self.weights.refresh()
         self.calls += 1
         if not self.compiled:
-            return step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape)[:wanted]
+            return step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape,
+                               self.native)[:wanted]
         if self.calls == 1:  # marked once: the compiled step's sizes are symbolic from then on (and marking costs)
             for tensor in rows.tensors():
                 torch._dynamo.mark_dynamic(tensor, 0)
         graphs, began = compiled_graphs(), time.perf_counter()
-        logits = compiled_function()(*rows.tensors(), self.weights.packed, self.pool.keys, self.pool.values, self.shape)
+        logits = compiled_function()(*rows.tensors(), self.weights.packed, self.pool.keys, self.pool.values, self.shape,
+                                     self.native)
         if compiled_graphs() > graphs:
             self.compiles += compiled_graphs() - graphs
             self.compile_s += time.perf_counter() - began

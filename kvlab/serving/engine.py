@@ -180,16 +180,17 @@ class ServingEngine:
         updates: dict[int, RequestUpdate] = {}
         self.note_schedule(plan, updates)
         blocks_in_use = self.pool.num_used
-        useful_slots = sum(piece.request.unfinished_rows for piece in plan.pieces if piece.draws)
+        draws = [piece.draws for piece in plan.pieces]  # before the draws move each request's end
+        useful_slots = sum(piece.request.unfinished_rows for piece, drew in zip(plan.pieces, draws) if drew)
         forward_began = time.perf_counter()
-        logits = self.runner.forward([self.chunk(piece) for piece in plan.pieces])
+        logits = self.runner.forward([self.chunk(piece, drew) for piece, drew in zip(plan.pieces, draws)])
         forward_s = time.perf_counter() - forward_began
         fed = {"prefill": 0, "decode": 0}
         drawing, offset = [], 0
-        for piece in plan.pieces:
+        for piece, drew in zip(plan.pieces, draws):
             self.count_fed(piece, fed)
             self.cached(piece)
-            if piece.draws:
+            if drew:
                 drawing.append((piece.request, list(range(offset, offset + len(piece.rows)))))
                 offset += len(piece.rows)
         self.draw(logits, drawing, updates)
@@ -260,11 +261,11 @@ class ServingEngine:
 
     # --- one piece -------------------------------------------------------------------------------
 
-    def chunk(self, piece: Piece) -> Chunk:
+    def chunk(self, piece: Piece, draws: bool) -> Chunk:
         request = piece.request
         ids = [request.token_ids(row, piece.start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
-        return Chunk(ids, piece.start, tables, wants_logits=piece.draws)
+        return Chunk(ids, piece.start, tables, wants_logits=draws)
 
     def count_fed(self, piece: Piece, fed: dict) -> None:
         """Split a piece's positions: prompt or computed again (prefill), new (decode); count the recomputed."""
@@ -302,7 +303,7 @@ class ServingEngine:
                 self.on_draw(request.request_id, logits[rows])
             params = request.params
             if not params.do_sample and params.repetition_penalty == 1.0:
-                groups.setdefault(tuple(params.knobs().items()), []).append((request, rows))
+                groups.setdefault(params.knob_key, []).append((request, rows))
                 continue
             seen = torch.tensor([request.prompt + row.new_tokens for row in request.rows], device=logits.device)
             tokens = sampling.next_token(logits[rows], seen, **params.knobs(), generator=request.generator)

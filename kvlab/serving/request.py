@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import Enum
 
 import torch
@@ -64,6 +65,11 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         sampling.check_temperature(self.temperature, self.do_sample)
 
+    @cached_property
+    def knob_key(self) -> tuple:
+        """The knobs as a key: requests of one key draw greedily in one call."""
+        return tuple(self.knobs().items())
+
     def knobs(self) -> dict:
         """The keyword arguments of kvlab.engine.sampling.next_token."""
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
@@ -103,6 +109,8 @@ class Request:
                  arrival_s: float | None = None, device: torch.device | str = "cpu"):
         self.request_id = request_id
         self.prompt = list(prompt)
+        self.prompt_len = len(self.prompt)  # the prompt never changes: plain attributes, read every step
+        self.n = params.n
         self.params = params
         self.arrival_step = arrival_step
         self.arrival_s = arrival_s
@@ -123,14 +131,6 @@ class Request:
     # --- lengths -----------------------------------------------------------------------------------
 
     @property
-    def n(self) -> int:
-        return self.params.n
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
-
-    @property
     def num_new(self) -> int:
         """New tokens drawn so far (each row has as many)."""
         return len(self.rows[0].new_tokens)
@@ -138,7 +138,7 @@ class Request:
     @property
     def num_known(self) -> int:
         """Positions of each row whose token is known: prompt and new tokens."""
-        return self.prompt_len + self.num_new
+        return self.prompt_len + len(self.rows[0].new_tokens)
 
     @property
     def most_positions(self) -> int:
@@ -147,7 +147,7 @@ class Request:
 
     def token_ids(self, row: int, start: int, end: int) -> list[int]:
         """Row `row`'s tokens at positions start .. end - 1."""
-        prompt_len, new_tokens = len(self.prompt), self.rows[row].new_tokens
+        prompt_len, new_tokens = self.prompt_len, self.rows[row].new_tokens
         if start >= prompt_len:  # decoding: only new tokens, without copying the prompt
             return new_tokens[start - prompt_len:end - prompt_len]
         return (self.prompt + new_tokens)[start:end]
