@@ -138,62 +138,85 @@ static inline void softmax_lines(float* __restrict__ scratch, int64_t length, in
   }
 }
 
-/* D = 32, G = 2 (the lab's model; MiniMind's own has D = 64): four lanes of eight per head. */
-template <int D, int G>
-static void attend_vec(const float* __restrict__ q, const float* __restrict__ keys,
+/* Ask for the n positions' lines of a block (every head: a block's positions are contiguous). */
+static inline void prefetch_block(const float* base, int64_t n, int64_t stride) {
+  for (int64_t i = 0; i < n * stride; i += 16) __builtin_prefetch(base + i, 0, 3);
+}
+
+/* Ask, into the L2 cache, for a whole block's keys and values (the next row's). */
+static inline void prefetch_ahead(const float* keys, const float* values, int64_t block, int64_t size) {
+  for (int64_t i = 0; i < size; i += 16) {
+    __builtin_prefetch(keys + block * size + i, 0, 1);
+    __builtin_prefetch(values + block * size + i, 0, 1);
+  }
+}
+
+/* One row, every head at once (head dim D, G query heads a K/V head, KV K/V heads): a pass over its
+   blocks for the scores, each block's positions read whole (all K/V heads side by side), then the
+   softmax of each query head's line, then a pass for the values. The blocks lie anywhere in the
+   pool: the next block's keys and this block's values are asked for while this block is computed. */
+template <int D, int G, int KV>
+static void attend_row(const float* __restrict__ q, const float* __restrict__ keys,
                        const float* __restrict__ values, const int64_t* __restrict__ blocks, int64_t length,
-                       int64_t bs, int64_t stride, float root, float* __restrict__ scratch,
-                       float* __restrict__ out) {
-  constexpr int L = D / 8;
-  v8f qv[G][L];
-  for (int g = 0; g < G; ++g)
-    for (int l = 0; l < L; ++l) qv[g][l] = load8(q + g * D + l * 8);
-  int64_t t = 0;
-  for (int64_t b = 0; t < length; ++b) {
+                       int64_t bs, float root, float* __restrict__ scratch, float* __restrict__ out,
+                       const int64_t* next_blocks, int64_t next_count) {
+  constexpr int L = D / 8, H = KV * G;
+  constexpr int64_t stride = KV * D;
+  int64_t t = 0, b = 0;
+  for (; t < length; ++b) {
     const float* __restrict__ block = keys + blocks[b] * bs * stride;
     const int64_t n = length - t < bs ? length - t : bs;
+    if (t + n < length) prefetch_block(keys + blocks[b + 1] * bs * stride, bs, stride);
+    prefetch_block(values + blocks[b] * bs * stride, n, stride);
+    if (b < next_count) prefetch_ahead(keys, values, next_blocks[b], bs * stride);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8, t += 8) {  /* eight positions' products, summed lane-wise in one go */
-      v8f p[G][8];
-      for (int i = 0; i < 8; ++i) {
-        const float* __restrict__ k = block + (j + i) * stride;
-        v8f kv[L];
-        for (int l = 0; l < L; ++l) kv[l] = load8(k + l * 8);
-        for (int g = 0; g < G; ++g) {
-          p[g][i] = qv[g][0] * kv[0];
-          for (int l = 1; l < L; ++l) p[g][i] += qv[g][l] * kv[l];
+      for (int h = 0; h < KV; ++h) {
+        v8f p[G][8];
+        for (int i = 0; i < 8; ++i) {
+          const float* __restrict__ k = block + (j + i) * stride + h * D;
+          v8f kv[L];
+          for (int l = 0; l < L; ++l) kv[l] = load8(k + l * 8);
+          for (int g = 0; g < G; ++g) {
+            const float* qg = q + (h * G + g) * D;
+            p[g][i] = load8(qg) * kv[0];
+            for (int l = 1; l < L; ++l) p[g][i] += load8(qg + l * 8) * kv[l];
+          }
         }
+        for (int g = 0; g < G; ++g) store8(scratch + (h * G + g) * length + t, sums8(p[g]) / root);
       }
-      for (int g = 0; g < G; ++g) store8(scratch + g * length + t, sums8(p[g]) / root);
     }
     for (; j < n; ++j, ++t) {
-      const float* __restrict__ k = block + j * stride;
-      v8f kv[L];
-      for (int l = 0; l < L; ++l) kv[l] = load8(k + l * 8);
-      for (int g = 0; g < G; ++g) {
-        v8f p = qv[g][0] * kv[0];
-        for (int l = 1; l < L; ++l) p += qv[g][l] * kv[l];
-        scratch[g * length + t] = sum8(p) / root;
+      for (int h = 0; h < KV; ++h) {
+        const float* __restrict__ k = block + j * stride + h * D;
+        for (int g = 0; g < G; ++g) {
+          const float* qg = q + (h * G + g) * D;
+          v8f p = load8(qg) * load8(k);
+          for (int l = 1; l < L; ++l) p += load8(qg + l * 8) * load8(k + l * 8);
+          scratch[(h * G + g) * length + t] = sum8(p) / root;
+        }
       }
     }
   }
-  float totals[G];
-  softmax_lines(scratch, length, G, totals);
-  v8f acc[G][L] = {};
+  for (; b < next_count; ++b) prefetch_ahead(keys, values, next_blocks[b], bs * stride);
+  float totals[H];
+  softmax_lines(scratch, length, H, totals);
+  v8f acc[H][L] = {};
   t = 0;
   for (int64_t b = 0; t < length; ++b) {
     const float* __restrict__ block = values + blocks[b] * bs * stride;
     const int64_t n = length - t < bs ? length - t : bs;
     for (int64_t j = 0; j < n; ++j, ++t) {
       const float* __restrict__ v = block + j * stride;
-      for (int l = 0; l < L; ++l) {
-        const v8f vl = load8(v + l * 8);
-        for (int g = 0; g < G; ++g) acc[g][l] += scratch[g * length + t] * vl;
-      }
+      for (int h = 0; h < KV; ++h)
+        for (int l = 0; l < L; ++l) {
+          const v8f vl = load8(v + h * D + l * 8);
+          for (int g = 0; g < G; ++g) acc[h * G + g][l] += scratch[(h * G + g) * length + t] * vl;
+        }
     }
   }
-  for (int g = 0; g < G; ++g)
-    for (int l = 0; l < L; ++l) store8(out + g * D + l * 8, acc[g][l] * (1.0f / totals[g]));
+  for (int e = 0; e < H; ++e)
+    for (int l = 0; l < L; ++l) store8(out + e * D + l * 8, acc[e][l] * (1.0f / totals[e]));
 }
 
 /* Any D and G: one row's query heads h*G .. h*G+G-1 against its positions 0 .. length-1 through K/V head h. */
@@ -258,23 +281,31 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
     int64_t last = first;
     while (last < P && pair_rows[last] == row) ++last;
     const int64_t length = positions[row] + 1;
-    if ((int64_t)lines.size() < G * length) lines.resize(G * length * 2);
+    if ((int64_t)lines.size() < H * length) lines.resize(H * length * 2);
     float* scratch = lines.data();
-    for (int64_t h = 0; h < KV; ++h) {
-      const float* qh = q + (row * H + h * G) * D;
-      float* oh = out + (row * H + h * G) * D;
-      const int64_t* blocks = pair_blocks + first;
-      if (D == 32 && G == 2)
-        attend_vec<32, 2>(qh, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch, oh);
-      else if (D == 64 && G == 2)
-        attend_vec<64, 2>(qh, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch, oh);
-      else if (D == 64 && G == 4)
-        attend_vec<64, 4>(qh, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch, oh);
-      else if (D == 128 && G == 2)
-        attend_vec<128, 2>(qh, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch, oh);
-      else
-        attend<0, 0>(qh, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch, oh, D, G);
-    }
+    const int64_t* blocks = pair_blocks + first;
+    int64_t next_end = last;  /* the next row's pairs, whose blocks are asked for while this row works */
+    while (next_end < P && pair_rows[next_end] == row + 1) ++next_end;
+    const int64_t* next_blocks = pair_blocks + last;
+    const int64_t next_count = next_end - last;
+    const float* qr = q + row * H * D;
+    float* orow = out + row * H * D;
+    if (D == 32 && G == 2 && KV == 2)  /* the lab's model */
+      attend_row<32, 2, 2>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
+                              next_count);
+    else if (D == 64 && G == 4 && KV == 2)  /* MiniMind2's 512 and 768 wide models */
+      attend_row<64, 4, 2>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
+                              next_count);
+    else if (D == 64 && G == 2 && KV == 4)
+      attend_row<64, 2, 4>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
+                              next_count);
+    else if (D == 128 && G == 4 && KV == 2)
+      attend_row<128, 4, 2>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
+                              next_count);
+    else
+      for (int64_t h = 0; h < KV; ++h)
+        attend<0, 0>(qr + h * G * D, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch,
+                     orow + h * G * D, D, G);
     first = last;
   }
 }
