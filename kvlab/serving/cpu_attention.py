@@ -287,7 +287,8 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
     int64_t next_end = last;  /* the next row's pairs, whose blocks are asked for while this row works */
     while (next_end < P && pair_rows[next_end] == row + 1) ++next_end;
     const int64_t* next_blocks = pair_blocks + last;
-    const int64_t next_count = next_end - last;
+    /* a prompt's next row reads the same blocks, cached by now: nothing to ask for */
+    const int64_t next_count = next_end > last && next_blocks[0] != blocks[0] ? next_end - last : 0;
     const float* qr = q + row * H * D;
     float* orow = out + row * H * D;
     if (D == 32 && G == 2 && KV == 2)  /* the lab's model */
