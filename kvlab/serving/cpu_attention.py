@@ -9,18 +9,21 @@ into a scratch line, a query head's softmax runs over that line (float32, its la
 MiniMind's), and the values are summed with the weights; K/V head h serves query heads h*G .. h*G+G-1
 (repeat_kv without the copy). The exponential is a polynomial (Cephes' expf; within 1.02 ulp of
 the exact value over [-87, 0], measured), written on eight lanes with the compiler's vector types, as
-are the products: eight positions' products summed at once, and for head dims 32, 64 and 128 the
-loops unrolled (any other shape takes a plain loop). A row reads no slot past its own position.
+are the products: eight positions' products summed at once. For the lab's model's heads (dim 32, 2
+K/V heads of 2 queries) and MiniMind's (dim 64 or 128) every head of a row is served in one pass over
+its blocks, the loops unrolled, and the next row's blocks are asked for (`__builtin_prefetch`, into
+the L2 cache) while a row works: a step's rows read blocks scattered through the pool, so memory sets
+the pace. Any other shape takes a plain loop a head at a time. A row reads no slot past its position.
 
-Measured on this project's machine (1 thread, 64 rows of 16 to 330 positions, the lab's model's
-heads): 0.19-0.23 ms a layer against 0.9-1.0 ms for `block_attention` compiled; in the engine's
-64-request benchmark the run went from 0.83 to 0.74 s (docs/serving.md).
+Measured on this project's machine (1 thread, 64 rows of 30 to 300 positions, the lab's model's
+heads, blocks scattered through the pool, the weights' products' traffic between layers): 0.39-0.43 ms
+a layer, against 0.98 ms without asking for the next blocks ahead and 0.9-1.0 ms for `block_attention`
+compiled (docs/serving.md, "Then: a C++ attention").
 
 It is built once per machine with the C++ compiler inductor uses (`-O3 -march=native`, a second or
 two), kept in the temporary directory under a name holding the hash of the source, the flags, the
-compiler and the CPU's flags, and loaded with ctypes; the step
-calls it through a torch custom operator (`torch.ops.kvlab.paged_attention`), which the compiled
-graph calls as one of its kernels. Float32 on a CPU, head dims up to 256 only: elsewhere, or where
+compiler and the CPU's flags, and loaded with ctypes; the step calls it through a torch custom
+operator (`torch.ops.kvlab.paged_attention`), which the compiled graph calls as one of its kernels. Float32 on a CPU, head dims up to 256 only: elsewhere, or where
 the compiler fails (said once), the step keeps `block_attention`.
 """
 
