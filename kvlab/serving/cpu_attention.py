@@ -29,9 +29,7 @@ the compiler fails (said once), the step keeps `block_attention`.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import math
 import os
 import subprocess
 import tempfile
@@ -46,6 +44,9 @@ SOURCE = r"""
 #include <string.h>
 #include <math.h>
 #include <vector>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
 
 #pragma omp declare simd notinbranch
 static inline float exp_le0(float x) {
@@ -313,12 +314,50 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
     first = last;
   }
 }
+
+/* The operator torch.ops.kvlab.paged_attention: block_attention's result, (N, 1, H * D), from the same
+   inputs (pair_starts implied: a row's pairs are its table's blocks in order). Registered here, so the
+   compiled graph calls it through the dispatcher without Python. */
+static at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                                     const at::Tensor& positions, const at::Tensor& pair_rows,
+                                     const at::Tensor& pair_blocks) {
+  TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.sizes() == keys.sizes(),
+              "kvlab::paged_attention: q (N, 1, H, D), keys and values (blocks, bs, KV, D)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
+              values.scalar_type() == at::kFloat, "kvlab::paged_attention: float32 only");
+  TORCH_CHECK(q.size(3) == keys.size(3) && q.size(3) <= 256 && q.size(2) % keys.size(2) == 0,
+              "kvlab::paged_attention: head dims differ, exceed 256, or H is not a multiple of KV");
+  const at::Tensor qc = q.contiguous(), kc = keys.contiguous(), vc = values.contiguous();
+  const at::Tensor at_ = positions.to(at::kLong).contiguous(), rows = pair_rows.to(at::kLong).contiguous(),
+                   blocks = pair_blocks.to(at::kLong).contiguous();
+  const int64_t N = qc.size(0), H = qc.size(2), D = qc.size(3);
+  at::Tensor out = at::empty({N, 1, H * D}, qc.options());
+  kvlab_paged_attention(qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(), at_.data_ptr<int64_t>(),
+                        rows.data_ptr<int64_t>(), blocks.data_ptr<int64_t>(), N, rows.size(0), H, kc.size(2), D,
+                        kc.size(1), sqrtf((float)D), out.data_ptr<float>());
+  return out;
+}
+
+TORCH_LIBRARY(kvlab, m) {
+  m.def("paged_attention(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor pair_rows, "
+        "Tensor pair_blocks) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("paged_attention", &paged_attention_op); }
 """
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"]
+
+
+def torch_flags() -> list[str]:
+    """What compiling and linking against this torch takes: its headers, its libraries, its ABI."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    return ([f"-I{path}" for path in include_paths()] + [f"-L{path}" for path in library_paths()]
+            + [f"-Wl,-rpath,{path}" for path in library_paths()] + ["-lc10", "-ltorch_cpu",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"])
 
 _LOCK = threading.Lock()
-_LIBRARY: ctypes.CDLL | None | bool = False  # False: not tried yet; None: could not build
-
+_LOADED: bool | None = None  # None: not tried yet
 
 def cpu_flags() -> str:
     """The CPU's feature flags (Linux), so that a library built for one CPU is never loaded on another."""
@@ -331,7 +370,7 @@ def cpu_flags() -> str:
 
 def library_path(compiler: str) -> Path:
     """Where the built library lives: the temporary directory, named by the source, flags, compiler and CPU."""
-    key = "\n".join([SOURCE, *FLAGS, compiler, os.uname().machine, cpu_flags()])
+    key = "\n".join([SOURCE, *FLAGS, *torch_flags(), torch.__version__, compiler, os.uname().machine, cpu_flags()])
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"kvlab_kernels_{os.getuid()}" / f"paged_attention_{key}.so"
 
@@ -346,56 +385,40 @@ def build(compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=path.parent) as work:
         source, built = Path(work) / "paged_attention.cpp", Path(work) / path.name
         source.write_text(SOURCE, encoding="utf-8")
-        subprocess.run([compiler, *FLAGS, str(source), "-o", str(built)], check=True, capture_output=True, text=True)
+        subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), *torch_flags()], check=True,
+                       capture_output=True, text=True)
         os.replace(built, path)
     return path
 
 
-def library() -> ctypes.CDLL | None:
-    """The built kernel, loaded (None where no C++ compiler builds it)."""
-    global _LIBRARY
+def library() -> bool:
+    """Whether the kernel is built and its operator registered (False where no C++ compiler builds it,
+    said once)."""
+    global _LOADED
     with _LOCK:
-        if _LIBRARY is False:
+        if _LOADED is None:
             from kvlab.engine.fast import find_cpp_compiler
             compiler = find_cpp_compiler()
+            _LOADED = False
             try:
-                _LIBRARY = ctypes.CDLL(str(build(compiler))) if compiler else None
-            except (OSError, subprocess.CalledProcessError) as error:
-                said = getattr(error, "stderr", None) or str(error)
+                if compiler:
+                    torch.ops.load_library(str(build(compiler)))
+                    torch.library.register_fake("kvlab::paged_attention")(_shape)
+                    _LOADED = True
+            except (OSError, RuntimeError, subprocess.CalledProcessError) as error:
+                said = (getattr(error, "stderr", None) or str(error)).strip()
                 warnings.warn(f"kvlab.serving.cpu_attention: {compiler} could not build the paged-attention kernel "
-                              f"({said.strip().splitlines()[0] if said.strip() else error}); the compiled step "
-                              "attends with block_attention", RuntimeWarning, stacklevel=2)
-                _LIBRARY = None
-            if _LIBRARY is not None:
-                _LIBRARY.kvlab_paged_attention.restype = None
-                _LIBRARY.kvlab_paged_attention.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
-                                                           + [ctypes.c_float, ctypes.c_void_p])
-        return _LIBRARY
+                              f"({said.splitlines()[0] if said else error}); the compiled step attends with "
+                              "block_attention", RuntimeWarning, stacklevel=2)
+        return _LOADED
+
+
+def _shape(q, keys, values, positions, pair_rows, pair_blocks):
+    """The operator's result as the compiler traces it: (N, 1, H * D)."""
+    return q.new_empty(q.shape[0], 1, q.shape[2] * q.shape[3])
 
 
 def usable(pool_keys: torch.Tensor) -> bool:
     """Whether the kernel serves this pool: float32 on a CPU, head dims up to 256, and the kernel built."""
     return (pool_keys.device.type == "cpu" and pool_keys.dtype == torch.float32 and pool_keys.shape[-1] <= 256
-            and library() is not None)
-
-
-@torch.library.custom_op("kvlab::paged_attention", mutates_args=(), device_types="cpu")
-def paged_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                    pair_rows: torch.Tensor, pair_blocks: torch.Tensor) -> torch.Tensor:
-    """`block_attention`'s result, (N, 1, H * D), from the same inputs (pair_starts implied: a row's
-    pairs are its table's blocks in order)."""
-    rows, _, heads, head_dim = q.shape
-    _, block_size, kv_heads, _ = keys.shape
-    q, keys, values = q.contiguous(), keys.contiguous(), values.contiguous()
-    positions, pair_rows, pair_blocks = (t.to(torch.int64).contiguous() for t in (positions, pair_rows, pair_blocks))
-    out = q.new_empty(rows, 1, heads * head_dim)
-    library().kvlab_paged_attention(
-        q.data_ptr(), keys.data_ptr(), values.data_ptr(), positions.data_ptr(), pair_rows.data_ptr(),
-        pair_blocks.data_ptr(), rows, pair_rows.shape[0], heads, kv_heads, head_dim, block_size,
-        math.sqrt(head_dim), out.data_ptr())
-    return out
-
-
-@paged_attention.register_fake
-def _(q, keys, values, positions, pair_rows, pair_blocks):
-    return q.new_empty(q.shape[0], 1, q.shape[2] * q.shape[3])
+            and library())
