@@ -228,6 +228,21 @@ def test_the_cpu_kernel_is_minimind_attention_row_by_row(data, head_dim, group, 
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
 
 
+def test_a_compiler_that_fails_is_said_once_and_the_step_keeps_block_attention(monkeypatch, tmp_path):
+    """Where the compiler cannot build the kernel (here: one that always fails), `usable` says no and
+    warns once, naming the compiler; nothing half-built is left where a later process would load it."""
+    from kvlab.engine import fast
+
+    monkeypatch.setattr(cpu_attention, "_LOADED", None)
+    monkeypatch.setattr(fast, "find_cpp_compiler", lambda: "false")
+    monkeypatch.setattr(cpu_attention.tempfile, "gettempdir", lambda: str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="false could not build the paged-attention kernel") as said:
+        assert not cpu_attention.usable(torch.empty(1, 16, 2, 32))
+        assert not cpu_attention.usable(torch.empty(1, 16, 2, 32))
+    assert len(said) == 1
+    assert not list(tmp_path.rglob("*.so"))
+
+
 def test_the_compiled_step_attends_with_the_cpu_kernel(model):
     """On a CPU in float32 with a compiler at hand, the engine's compiled step runs the C++ kernel."""
     engine = ServingEngine(model, ServingConfig(num_blocks=16))
