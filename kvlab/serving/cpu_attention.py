@@ -50,25 +50,6 @@ SOURCE = r"""
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#pragma omp declare simd notinbranch
-static inline float exp_le0(float x) {
-  /* e^x for x <= 0 (Cephes expf): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial */
-  const float below = x < -87.0f;
-  x = x < -87.0f ? -87.0f : x;
-  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  union { int32_t i; float f; } two;
-  two.i = ((int32_t)n + 127) << 23;
-  return below ? 0.0f : p * two.f;
-}
-
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
@@ -92,7 +73,8 @@ static inline v8f sums8(const v8f* p) {
          + __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-/* exp_le0 on eight lanes at once (the same arithmetic; floor by truncation, corrected below zero) */
+/* e^x on eight lanes, for x <= 0 (Cephes expf): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6
+   polynomial, 2^n put in the exponent bits; below -87 (past float's range), 0 */
 static inline v8f exp8(v8f x) {
   const v8f low = x < -87.0f ? (v8f){} + 1.0f : (v8f){};
   x = x < -87.0f ? (v8f){} - 87.0f : x;
@@ -113,6 +95,9 @@ static inline v8f exp8(v8f x) {
   memcpy(&two, &bits, sizeof two);
   return low > 0.0f ? (v8f){} : p * two;
 }
+
+/* The same on one value (a line's last few positions). */
+static inline float exp_le0(float x) { return exp8((v8f){} + x)[0]; }
 
 /* A row's scores (scratch, G lines of `length`) turned into weights in place (each line's largest
    subtracted, then exponentiated); each line's sum into totals. */
@@ -225,38 +210,30 @@ static void attend_row(const float* __restrict__ q, const float* __restrict__ ke
     for (int l = 0; l < L; ++l) store8(out + e * D + l * 8, acc[e][l] * (1.0f / totals[e]));
 }
 
-/* Any D and G: one row's query heads h*G .. h*G+G-1 against its positions 0 .. length-1 through K/V head h. */
-template <int D, int G>
+/* Any other shape: one row's query heads h*G .. h*G+G-1 against its positions 0 .. length-1 through
+   K/V head h (D at most 256). */
 static void attend(const float* __restrict__ q, const float* __restrict__ keys, const float* __restrict__ values,
                    const int64_t* __restrict__ blocks, int64_t length, int64_t bs, int64_t stride, float root,
-                   float* __restrict__ scratch, float* __restrict__ out, int64_t d_, int64_t g_) {
-  const int64_t dims = D ? D : d_, group = G ? G : g_;
+                   float* __restrict__ scratch, float* __restrict__ out, int64_t D, int64_t G) {
   int64_t t = 0;
   for (int64_t b = 0; t < length; ++b) {
     const float* __restrict__ block = keys + blocks[b] * bs * stride;
     const int64_t n = length - t < bs ? length - t : bs;
     for (int64_t j = 0; j < n; ++j, ++t) {
       const float* __restrict__ k = block + j * stride;
-      for (int64_t g = 0; g < group; ++g) {
+      for (int64_t g = 0; g < G; ++g) {
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < dims; ++d) dot += q[g * dims + d] * k[d];
+        for (int64_t d = 0; d < D; ++d) dot += q[g * D + d] * k[d];
         scratch[g * length + t] = dot / root;
       }
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
-    float* __restrict__ s = scratch + g * length;
-    float top = s[0];
-#pragma omp simd reduction(max : top)
-    for (int64_t i = 0; i < length; ++i) top = s[i] > top ? s[i] : top;
-    float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t i = 0; i < length; ++i) {
-      s[i] = exp_le0(s[i] - top);
-      total += s[i];
-    }
-    float acc[D ? D : 256] = {0.0f};
+  for (int64_t g = 0; g < G; ++g) {
+    const float* __restrict__ s = scratch + g * length;
+    float total;
+    softmax_lines(scratch + g * length, length, 1, &total);
+    float acc[256] = {0.0f};
     t = 0;
     for (int64_t b = 0; t < length; ++b) {
       const float* __restrict__ block = values + blocks[b] * bs * stride;
@@ -265,12 +242,12 @@ static void attend(const float* __restrict__ q, const float* __restrict__ keys, 
         const float w = s[t];
         const float* __restrict__ v = block + j * stride;
 #pragma omp simd
-        for (int64_t d = 0; d < dims; ++d) acc[d] += w * v[d];
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
       }
     }
     const float inverse = 1.0f / total;
 #pragma omp simd
-    for (int64_t d = 0; d < dims; ++d) out[g * dims + d] = acc[d] * inverse;
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = acc[d] * inverse;
   }
 }
 
@@ -311,8 +288,8 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
                               next_count);
     else
       for (int64_t h = 0; h < KV; ++h)
-        attend<0, 0>(qr + h * G * D, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch,
-                     orow + h * G * D, D, G);
+        attend(qr + h * G * D, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch,
+               orow + h * G * D, D, G);
     first = last;
   }
 }
@@ -347,7 +324,7 @@ TORCH_LIBRARY(kvlab, m) {
 
 TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("paged_attention", &paged_attention_op); }
 """
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"]
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"]
 
 
 def torch_flags() -> list[str]:

@@ -138,7 +138,7 @@ class Request:
     @property
     def num_known(self) -> int:
         """Positions of each row whose token is known: prompt and new tokens."""
-        return self.prompt_len + len(self.rows[0].new_tokens)
+        return self.prompt_len + self.num_new
 
     @property
     def most_positions(self) -> int:
