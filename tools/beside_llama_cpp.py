@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -106,23 +105,24 @@ def llama_run(llm, prompt: list[int], new_tokens: int):
         return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
 
     llm.reset()
-    wall, cpu = time.perf_counter(), time.thread_time()
+    began = timing.clocks()
     out = [greedy(prompt)]
-    prefill, prefill_cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    wall, cpu = time.perf_counter(), time.thread_time()
+    prefill, prefill_cpu = timing.elapsed(began)
+    began = timing.clocks()
     for _ in range(new_tokens - 1):
         out.append(greedy([out[-1]]))
-    return prefill, time.perf_counter() - wall, prefill_cpu, time.thread_time() - cpu, out
+    decode, decode_cpu = timing.elapsed(began)
+    return prefill, decode, prefill_cpu, decode_cpu, out
 
 
 def kvlab_run(model, prompt: torch.Tensor, new_tokens: int):
     """The same for kvlab's fast path: one token (the prefill and its choice), then all of them."""
-    wall, cpu = time.perf_counter(), time.thread_time()
+    began = timing.clocks()
     fast.generate(model, prompt, max_new_tokens=1, eos_token_id=None, **GREEDY)
-    prefill, prefill_cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    wall, cpu = time.perf_counter(), time.thread_time()
+    prefill, prefill_cpu = timing.elapsed(began)
+    began = timing.clocks()
     ids = fast.generate(model, prompt, max_new_tokens=new_tokens, eos_token_id=None, **GREEDY)
-    whole, whole_cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    whole, whole_cpu = timing.elapsed(began)
     return prefill, whole - prefill, prefill_cpu, whole_cpu - prefill_cpu, ids[0, prompt.shape[1]:].tolist()
 
 

@@ -84,6 +84,17 @@ def read_usage() -> Reading:
     return Reading(time.perf_counter(), time.thread_time(), time.process_time(), switches, load)
 
 
+def clocks() -> tuple[float, float]:
+    """Now on the two clocks a timing reads: the wall clock (perf_counter) and this thread's CPU clock."""
+    return time.perf_counter(), time.thread_time()
+
+
+def elapsed(began: tuple[float, float]) -> tuple[float, float]:
+    """Wall and this thread's CPU seconds since `began` (a `clocks()`)."""
+    wall, cpu = clocks()
+    return wall - began[0], cpu - began[1]
+
+
 def empty_usage() -> dict[str, list]:
     """A `usage` for `repeat` to fill: one list a key of USAGE_KEYS."""
     return {key: [] for key in USAGE_KEYS}

@@ -196,10 +196,10 @@ def timed_rounds(generators: dict, prompt, lengths, warmup: int, runs: int, max_
     seconds of the same runs), each {(path, length): [per run]}: a run that waited for the core
     shows less CPU than wall time."""
     def run_once(name, n):
-        wall, cpu = time.perf_counter(), time.thread_time()
+        began = timing.clocks()
         generators[name](prompt, n)
         steps.sync(device)
-        return time.perf_counter() - wall, time.thread_time() - cpu
+        return timing.elapsed(began)
 
     pairs = [(name, n) for n in lengths for name in generators]
     for _ in range(warmup):

@@ -6,9 +6,9 @@ step write there (kvlab.serving.compiled_step). On a CPU the tensors lie in an a
 (`zeroed_memory`): the kernel hands out its pages zeroed when they are first touched, in 2 MiB pages
 where it grants them, so a pool is ready at once and a short run pays only for the blocks it uses
 (measured on the lab's model, 2,048 blocks, some 70 MB: 2 ms against 36 ms for torch.zeros, and the
-64-request benchmark's engine 0.72 to 0.65 s, creation included). A request holds blocks, not a tensor of its own: its block
-table says which block holds which `block_size` positions (kvlab.serving.paged_attention reads and
-writes through it).
+64-request benchmark's engine 0.72 to 0.65 s, creation included). A request holds blocks, not a
+tensor of its own: its block table says which block holds which `block_size` positions
+(kvlab.serving.paged_attention reads and writes through it).
 
 Bookkeeping, as nano-vllm's block manager keeps it:
   * a reference count per block: how many block tables hold it (a prefix shared by two requests,

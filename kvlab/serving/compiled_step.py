@@ -19,9 +19,8 @@ into its slot of the pool, attention over the blocks its table holds (on a CPU i
 kvlab.serving.cpu_attention's C++ kernel, called from the graph as a custom operator; elsewhere
 kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows the
 (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
-rows that draw. Matrix products
-with the weights are the BLAS library's, one product for all the step's rows. The next-token choice
-stays eager (kvlab.engine.sampling), as in the fast path.
+rows that draw. Matrix products with the weights are the BLAS library's, one product for all the
+step's rows. The next-token choice stays eager (kvlab.engine.sampling), as in the fast path.
 
 What it gives up: bits. `generate` alone computes its products over other row counts and its
 attention in another order, so the logits differ in their last bits (some 1e-6) and a token can
@@ -74,6 +73,12 @@ class StepRows:
                 self.logit_rows)
 
 
+def ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of `counts` items laid end to end: each item's group and its index within it."""
+    group = np.repeat(np.arange(len(counts)), counts)
+    return group, np.arange(len(group)) - (np.cumsum(counts) - counts)[group]
+
+
 def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: int, scratch_block: int,
               device) -> StepRows:
     """The rows of a step's pieces, each (token ids, start, block table, wants its last logits): one row
@@ -97,14 +102,9 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
     logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
     width = max(map(len, tables))
     table_ids = np.array([table + [scratch_block] * (width - len(table)) for table in tables], dtype=np.int64)
-    lengths = np.array(lengths, dtype=np.int64)
-    owner = np.repeat(np.arange(len(tables)), lengths)  # each row's piece
-    first_row = np.cumsum(lengths) - lengths
-    at = np.arange(len(owner)) - first_row[owner] + np.array(starts, dtype=np.int64)[owner]  # each row's position
-    reads = at // block_size + 1  # blocks each row reads
-    pair_rows = np.repeat(np.arange(len(at)), reads)
-    first_pair = np.cumsum(reads) - reads
-    pair_index = np.arange(len(pair_rows)) - first_pair[pair_rows]  # which of its row's blocks
+    owner, offset = ragged(np.array(lengths, dtype=np.int64))  # each row's piece, and its place in it
+    at = np.array(starts, dtype=np.int64)[owner] + offset  # each row's position
+    pair_rows, pair_index = ragged(at // block_size + 1)  # a pair per block a row reads: its row, which block
     arrays = (np.array(token_ids, dtype=np.int64), at,
               table_ids[owner, at // block_size] * block_size + at % block_size, pair_rows,
               table_ids[owner[pair_rows], pair_index], pair_index * block_size, np.array(logit_rows, dtype=np.int64))
