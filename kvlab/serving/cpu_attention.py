@@ -259,10 +259,9 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
                                       int64_t KV, int64_t D, int64_t bs, float root, float* out) {
   static thread_local std::vector<float> lines;  /* a row's scores, G lines of its length */
   const int64_t G = H / KV, stride = KV * D;
-  int64_t first = 0;
+  int64_t first = 0, last = 0;  /* this row's pairs: first .. last - 1 */
+  while (last < P && pair_rows[last] == 0) ++last;
   for (int64_t row = 0; row < N; ++row) {
-    int64_t last = first;
-    while (last < P && pair_rows[last] == row) ++last;
     const int64_t length = positions[row] + 1;
     if ((int64_t)lines.size() < H * length) lines.resize(H * length * 2);
     float* scratch = lines.data();
@@ -291,6 +290,7 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
         attend(qr + h * G * D, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch,
                orow + h * G * D, D, G);
     first = last;
+    last = next_end;
   }
 }
 
