@@ -47,6 +47,13 @@ def test_numbers_follow_the_language(language):
     assert i18n.percent(0.1234, 1, language) == "12.3%"
 
 
+def test_a_share_under_a_threshold_is_never_shown_at_it():
+    """A contended run's CPU share (under 90% by the rule) rounds down: 89.7% reads "89%", not "90%"."""
+    assert i18n.percent(0.897, 0, "en") == "90%" and i18n.percent(0.897, 0, "en", down=True) == "89%"
+    assert [i18n.percent(share, 0, "en", down=True) for share in (0.29, 0.4, 0.0)] == ["29%", "40%", "0%"]
+    assert i18n.percent(0.12349, 1, "ko", down=True) == "12.3%"
+
+
 def test_templates_keep_their_lines_short():
     long = [(path.relative_to(ROOT), number) for path in Path(ROOT, "templates").rglob("*.j2")
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if len(line) > 200]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import gettext
 import io
+import math
 from pathlib import Path
 
 from babel.messages.mofile import write_mo
@@ -76,8 +77,12 @@ def integer(value: int, language: str) -> str:
     return format_decimal(value, format="#,##0", locale=language)
 
 
-def percent(share: float, digits: int, language: str) -> str:
-    """A share as a percentage with `digits` decimals: 0.1234 -> "12.3%"."""
+def percent(share: float, digits: int, language: str, down: bool = False) -> str:
+    """A share as a percentage with `digits` decimals: 0.1234 -> "12.3%". `down` rounds toward zero, for a
+    share that sits under a threshold and must not be shown at it (0.897 -> "89%", not "90%")."""
+    if down:
+        scale = 100 * 10 ** digits
+        share = math.floor(share * scale + 1e-9) / scale  # (the 1e-9: 0.29 * 100 is 28.999...)
     pattern = "#,##0" + ("." + "0" * digits if digits else "") + "%"
     return format_percent(share, format=pattern, locale=language)
 

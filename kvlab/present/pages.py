@@ -28,7 +28,7 @@ def sandboxed_template(template_path, autoescape: bool = False, language: str = 
     env.policies["ext.i18n.trimmed"] = True  # a {% trans %} block's lines join into one message
     env.filters["integer"] = env.filters["thousands"] = lambda n: i18n.integer(n, language)
     env.filters["decimal"] = lambda x, digits=2: i18n.decimal(x, digits, language)
-    env.filters["percent"] = lambda x, digits=0: i18n.percent(x, digits, language)
+    env.filters["percent"] = lambda x, digits=0, down=False: i18n.percent(x, digits, language, down)
     return env.get_template(template_path.name)
 
 
