@@ -18,12 +18,20 @@ ways' order alternating; each round's output tokens a second on the wall clock a
 thread's CPU clock (what the work cost: steadier when other work shares the machine). Every request of
 every way is held against `generate` alone (the default torch.cat path): mismatches are counted.
 Prints the table and the ratios with their intervals (kvlab.facts.timing); --json writes everything.
+
+--budget then says where the time goes, `--rounds` more rounds alternating: one request at a time in
+all and its prompts alone (each request's first token only), and the engine's run split by its step
+records (kvlab.serving.stats.StepRecord): the forward passes of the steps that fed prompt positions,
+those of the decode-only steps, and the rest (the scheduler, the draws and each request's
+bookkeeping); medians, wall seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 import os
 import platform
 import random
@@ -41,6 +49,7 @@ from kvlab.facts import timing
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 
 WAYS = ("one_at_a_time", "continuous", "static", "eager")
+COUNTS = ("  steps", "  of them decode-only")  # the budget's counts (the rest are seconds)
 ENGINE_KNOBS = {"continuous": {}, "static": {"policy": "static"}, "eager": {"compile": False, "matmuls": "fused"}}
 
 
@@ -73,6 +82,30 @@ def serve_way(way: str, model, requests, num_blocks: int, max_num_seqs: int, **k
     return samples, time.perf_counter() - began, time.thread_time() - began_cpu
 
 
+def budget(model, requests, num_blocks: int, max_num_seqs: int, rounds: int) -> dict[str, float]:
+    """Where the time goes (see the module's docstring): medians over `rounds` alternating rounds."""
+    first_tokens = [(prompt, dataclasses.replace(params, max_tokens=1)) for prompt, params in requests]
+    seen: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        seen.setdefault("one at a time", []).append(serve_way("one_at_a_time", model, requests, 0, 0)[1])
+        seen.setdefault("  its prompts alone", []).append(serve_way("one_at_a_time", model, first_tokens, 0, 0)[1])
+        engine = ServingEngine(model, ServingConfig(num_blocks=num_blocks, max_num_seqs=max_num_seqs))
+        for prompt, params in requests:
+            engine.add_request(prompt, params)
+        began = time.perf_counter()
+        steps = engine.run().stats.steps
+        parts = {"engine run": time.perf_counter() - began,
+                 "  forward, steps feeding prompts": sum(s.forward_s for s in steps if s.prefill_tokens),
+                 "  forward, decode-only steps": sum(s.forward_s for s in steps if not s.prefill_tokens)}
+        parts["  the rest (scheduler, draws, bookkeeping)"] = (
+            parts["engine run"] - parts["  forward, steps feeding prompts"] - parts["  forward, decode-only steps"])
+        parts[COUNTS[0]] = len(steps)
+        parts[COUNTS[1]] = sum(not s.prefill_tokens for s in steps)
+        for name, value in parts.items():
+            seen.setdefault(name, []).append(value)
+    return {name: statistics.median(values) for name, values in seen.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, default=Path("results/default/pretrain.pth"))
@@ -87,6 +120,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--budget", action="store_true", help="then where the time goes (see above)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     model = load_model(args.checkpoint)
@@ -129,6 +163,11 @@ def main(argv=None) -> int:
                 result["ratios"][f"continuous over {slow}, {clock}"] = ratio
                 print(f"continuous over {slow} ({clock} clock): {ratio['ratio']:.2f}x "
                       f"[{ratio['low']:.2f}, {ratio['high']:.2f}]")
+    if args.budget:
+        result["budget"] = budget(model, requests, args.num_blocks, args.max_num_seqs, args.rounds)
+        print("\nwhere the time goes (medians, wall seconds):")
+        for name, value in result["budget"].items():
+            print(f"{name:44} {value:.0f}" if name in COUNTS else f"{name:44} {value:.3f} s")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
     return 0
