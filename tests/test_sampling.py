@@ -3,6 +3,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.engine import sampling
 from kvlab.engine.sampling import top_p_keep
@@ -79,3 +81,17 @@ def test_temperature_divides_and_refuses_zero_when_sampling():
     with pytest.raises(ValueError):
         sampling.apply_temperature(logits, 0.0, do_sample=True)
     assert torch.equal(sampling.apply_temperature(logits, 0.0, do_sample=False), logits)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 40), st.sampled_from([torch.float32, torch.float64]), st.data())
+def test_the_greedy_pick_is_torch_argmax_with_ties_infinities_and_nan(rows, vocab, dtype, data):
+    """The greedy pick (NumPy's argmax on a CPU) is torch.argmax's index in every row: ties (few distinct
+    values), -inf and +inf, NaN, a row all -inf; also on a strided view (every other column)."""
+    values = st.sampled_from([0.0, 1.0, -1.0, 2.5, float("inf"), float("-inf"), float("nan")])
+    logits = torch.tensor(data.draw(st.lists(st.lists(values | st.floats(-1e6, 1e6, width=32), min_size=2 * vocab,
+                                                      max_size=2 * vocab), min_size=rows, max_size=rows)), dtype=dtype)
+    for chosen in (logits, logits[:, ::2]):
+        picked = sampling.pick_next_token(chosen, do_sample=False)
+        assert picked.dtype == torch.int64 and picked.shape == (rows, 1)
+        assert torch.equal(picked, torch.argmax(chosen, dim=-1, keepdim=True)), chosen
