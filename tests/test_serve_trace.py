@@ -180,6 +180,40 @@ def test_the_timeline_and_the_events_say_what_happened_when(measured):
     assert kinds[:3] == ["arrival", "admission", "first_token"] and kinds[-1] == "finish"
 
 
+
+@pytest.mark.parametrize("requests", [4, 24, 64])
+@pytest.mark.parametrize("language", ["en", "ko"])
+def test_the_timelines_legend_sits_between_the_figures_title_and_the_first_panels(requests, language, monkeypatch,
+                                                                                 tmp_path):
+    """The legend over the static panel touches neither the figure's title nor the panel's, however many
+    requests make the panels tall (its offset once grew with them and met the title at 24)."""
+    import matplotlib.text
+
+    line = {"requests": [{"arrival": i, "admissions": [i + 1], "preemptions": [], "first_token": i + 1,
+                          "finish": i + 4} for i in range(requests)],
+            "steps": list(range(requests + 5)), "blocks_in_use": [3] * (requests + 5), "slots": 8}
+    data = {"timelines": {"static": line, "continuous": line},
+            "summaries": {policy: {"forward_steps": requests + 5, "slot_utilisation": 0.5}
+                          for policy in ("static", "continuous")}}
+    boxes = {}
+
+    def measure(fig, path, rect=None):
+        fig.tight_layout(rect=rect)
+        renderer = fig.canvas.get_renderer()
+        fig.canvas.draw()
+        first = fig.axes[0]
+        panel_title = first.get_title(loc="left")
+        titles = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() == panel_title and t.get_visible()]
+        boxes.update(figure_title=fig._suptitle.get_window_extent(renderer),
+                     legend=first.get_legend().get_window_extent(renderer),
+                     panel_title=titles[0].get_window_extent(renderer))
+
+    monkeypatch.setattr(serving_figures, "save", measure)
+    serving_figures.serve_timeline(data, tmp_path / "timeline.png", language)
+    legend = boxes["legend"]
+    assert not legend.overlaps(boxes["figure_title"]) and legend.y1 <= boxes["figure_title"].y0, boxes
+    assert not legend.overlaps(boxes["panel_title"]) and legend.y0 >= boxes["panel_title"].y1, boxes
+
 def test_the_rate_sweep_measures_saturation_then_each_fraction(model):
     settings = SETTINGS | {"requests": 4, "max_tokens_max": 4, "rate_fractions": [0.5, 2.0]}
     rows, runs = serve_rates.rate_sweep(model, bos_prompts(4), settings)

@@ -17,6 +17,7 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.transforms import ScaledTranslation
 
 from kvlab.present.drawing import drawing, save
 from kvlab.present.i18n import N_
@@ -140,12 +141,17 @@ def serve_timeline(data: dict, path, language: str = "en") -> None:
         if any(r["preemptions"] for policy in policies for r in timelines[policy]["requests"]):
             handles.append(plt.Line2D([], [], marker="x", color="black", linestyle=""))
             labels.append(text("preempted"))
+        # over the first panel's title by a fixed 16 points, whatever the panel's height (an offset in
+        # axes fractions grows with the requests and met the figure's title at 24)
+        above = axes[0].transAxes + ScaledTranslation(0, 16 / 72, fig.dpi_scale_trans)
         axes[0].legend(handles, labels, fontsize=8, loc="lower right", ncol=len(labels), framealpha=0.9,
-                       bbox_to_anchor=(1.0, 1.12))
+                       bbox_to_anchor=(1.0, 1.0), bbox_transform=above)
         axes[-1].set_xlim(-0.5, last + 2 + 0.08 * last)  # room for the last step's label
         axes[-1].set_xlabel(text("engine_step"))
-        fig.suptitle(text("timeline_title", requests=requests, slots=slots))
-        save(fig, path)
+        # the title in a band of its own, fixed in inches: the figure grows with the requests
+        height = fig.get_figheight()
+        fig.suptitle(text("timeline_title", requests=requests, slots=slots), y=1 - 0.12 / height, va="top")
+        save(fig, path, rect=(0, 0, 1, 1 - 0.3 / height))
 
 
 def serve_latency(rows: list[dict], path, language: str = "en") -> None:
