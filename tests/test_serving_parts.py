@@ -10,12 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
-from kvlab.serving import cpu_attention
-from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes, zeroed_memory
-from kvlab.serving.compiled_step import step_rows
 from kvlab.engine.fast import find_cpp_compiler as fast_compiler
 from kvlab.engine.model import attention
+from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, cpu_attention, generate_alone
+from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes, zeroed_memory
+from kvlab.serving.compiled_step import step_rows
 from kvlab.serving.paged_attention import block_attention, block_index, gather_kv, paged_attention, slot_ids
 
 from serving_helpers import GREEDY, one_thread, prompts_of, tiny_model  # noqa: F401

@@ -31,10 +31,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import os
 import platform
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,18 +68,24 @@ def workload(tokenizer, texts: list[str], count: int, seed: int) -> list[tuple[l
     return requests
 
 
+def loaded_engine(way: str, model, requests, num_blocks: int, max_num_seqs: int, **knobs) -> ServingEngine:
+    """The engine of one way as a user starts it, every request added."""
+    engine = ServingEngine(model, ServingConfig(num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                                                **{**ENGINE_KNOBS[way], **knobs}))
+    for prompt, params in requests:
+        engine.add_request(prompt, params)
+    return engine
+
+
 def serve_way(way: str, model, requests, num_blocks: int, max_num_seqs: int, **knobs) -> tuple[list, float, float]:
     """Serve every request one way; (each request's samples, wall seconds, timing thread's CPU seconds)."""
-    began, began_cpu = time.perf_counter(), time.thread_time()
+    began = timing.clocks()
     if way == "one_at_a_time":
         samples = [generate_alone(model, prompt, params, compiled=True) for prompt, params in requests]
     else:
-        engine = ServingEngine(model, ServingConfig(num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                                                    **{**ENGINE_KNOBS[way], **knobs}))
-        for prompt, params in requests:
-            engine.add_request(prompt, params)
+        engine = loaded_engine(way, model, requests, num_blocks, max_num_seqs, **knobs)
         samples = [output.samples for output in engine.run().outputs]
-    return samples, time.perf_counter() - began, time.thread_time() - began_cpu
+    return samples, *timing.elapsed(began)
 
 
 def budget(model, requests, num_blocks: int, max_num_seqs: int, rounds: int) -> dict[str, float]:
@@ -87,11 +93,9 @@ def budget(model, requests, num_blocks: int, max_num_seqs: int, rounds: int) -> 
     first_tokens = [(prompt, dataclasses.replace(params, max_tokens=1)) for prompt, params in requests]
     seen: dict[str, list[float]] = {}
     for _ in range(rounds):
-        seen.setdefault("one at a time", []).append(serve_way("one_at_a_time", model, requests, 0, 0)[1])
-        seen.setdefault("  its prompts alone", []).append(serve_way("one_at_a_time", model, first_tokens, 0, 0)[1])
-        engine = ServingEngine(model, ServingConfig(num_blocks=num_blocks, max_num_seqs=max_num_seqs))
-        for prompt, params in requests:
-            engine.add_request(prompt, params)
+        for name, asked in (("one at a time", requests), ("  its prompts alone", first_tokens)):
+            seen.setdefault(name, []).append(serve_way("one_at_a_time", model, asked, num_blocks, max_num_seqs)[1])
+        engine = loaded_engine("continuous", model, requests, num_blocks, max_num_seqs)
         began = time.perf_counter()
         steps = engine.run().stats.steps
         parts = {"engine run": time.perf_counter() - began,

@@ -335,8 +335,10 @@ def torch_flags() -> list[str]:
             + [f"-Wl,-rpath,{path}" for path in library_paths()] + ["-lc10", "-ltorch_cpu",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"])
 
+
 _LOCK = threading.Lock()
 _LOADED: bool | None = None  # None: not tried yet
+
 
 def cpu_flags() -> str:
     """The CPU's feature flags (Linux), so that a library built for one CPU is never loaded on another."""
