@@ -227,20 +227,20 @@ class PackedWeights:
 
     def _version(self) -> tuple:
         """Where each of the model's weights lies and how often it was changed in place."""
-        return tuple((tensor.data_ptr(), tensor._version) for tensor in self._parameters)
+        return [(tensor.data_ptr(), tensor._version) for tensor in self._parameters]
 
-    @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the model's weights into the packed weights, if any changed since the last copy."""
-        model = self._model()
+        """Copy the model's weights into the packed weights, if any changed since the last copy (checked
+        at every step: no grad mode entered for the check alone)."""
         version = self._version()
         if version == self._packed_from:
             return
-        offset = 0
-        for name, size in self.layout:
-            count = math.prod(size)
-            self.packed[offset : offset + count].view(size).copy_(piece_source(model, name, self.shape))
-            offset += count
+        model, offset = self._model(), 0
+        with torch.no_grad():
+            for name, size in self.layout:
+                count = math.prod(size)
+                self.packed[offset : offset + count].view(size).copy_(piece_source(model, name, self.shape))
+                offset += count
         self._packed_from = version
         self.packs += 1
 

@@ -59,6 +59,8 @@ class BlockManager:
         """New blocks a piece needs: those its positions reach past each row's table, and its fork copies."""
         request = piece.request
         reach = -(-piece.end // self.block_size)
+        if request.forked and len(piece.rows) == 1:  # most pieces: one row of its own, no fork ahead
+            return max(0, reach - len(request.rows[piece.rows[0]].block_table))
         return (sum(max(0, reach - len(request.rows[row].block_table)) for row in piece.rows)
                 + self.fork_copies(piece))
 

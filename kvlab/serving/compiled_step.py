@@ -20,7 +20,10 @@ kvlab.serving.cpu_attention's C++ kernel, called from the graph as a custom oper
 kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows the
 (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
 rows that draw. Matrix products with the weights are the BLAS library's, one product for all the
-step's rows. The next-token choice stays eager (kvlab.engine.sampling), as in the fast path.
+step's rows. The step also returns each drawing row's argmax(logits / temperature) (its request's
+temperature), MiniMind's next token when a request's knobs are plain greedy
+(kvlab.engine.sampling.plain_greedy), as the fast path's step does; every other choice is made eagerly
+from the logits (kvlab.engine.sampling).
 
 What it gives up: bits. `generate` alone computes its products over other row counts and its
 attention in another order, so the logits differ in their last bits (some 1e-6) and a token can
@@ -84,30 +87,33 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
     """The rows of a step's pieces, each (token ids, start, block table, wants its last logits): one row
     per position a piece feeds, at start, start + 1, ...; every row reads the blocks of its table up to
     its own position. A step of one row gets a second on the scratch block; a step that wants one row's
-    logits (or none) gets the last row's again (MIN_SIZE). Built with NumPy: a step's few hundred
-    small integers cost less there than in a dozen tensor calls."""
+    logits (or none) gets the last row's again (MIN_SIZE). Built with NumPy from the pieces' lists laid
+    end to end (each table once, however many rows read it): a step's thousand small integers cost
+    less there than in a dozen tensor calls or a padded table."""
     token_ids, starts, lengths, tables, logit_rows = [], [], [], [], []
     for ids, start, table, wants_logits in pieces:
         token_ids += ids
         starts.append(start)
         lengths.append(len(ids))
-        tables.append(table)
+        tables += table
         if wants_logits:
             logit_rows.append(len(token_ids) - 1)
+    table_lengths = [len(table) for _, _, table, _ in pieces]
     if len(token_ids) < MIN_SIZE:
         token_ids.append(0)
         starts.append(0)
         lengths.append(1)
-        tables.append([scratch_block])
+        tables.append(scratch_block)
+        table_lengths.append(1)
     logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
-    width = max(map(len, tables))
-    table_ids = np.array([table + [scratch_block] * (width - len(table)) for table in tables], dtype=np.int64)
+    table_start = np.cumsum(table_lengths) - table_lengths  # where each piece's table begins in `tables`
     owner, offset = ragged(np.array(lengths, dtype=np.int64))  # each row's piece, and its place in it
     at = np.array(starts, dtype=np.int64)[owner] + offset  # each row's position
     pair_rows, pair_index = ragged(at // block_size + 1)  # a pair per block a row reads: its row, which block
-    arrays = (np.array(token_ids, dtype=np.int64), at,
-              table_ids[owner, at // block_size] * block_size + at % block_size, pair_rows,
-              table_ids[owner[pair_rows], pair_index], pair_index * block_size, np.array(logit_rows, dtype=np.int64))
+    tables = np.array(tables, dtype=np.int64)
+    arrays = (np.array(token_ids, dtype=np.int64), at, tables[table_start[owner] + at // block_size] * block_size
+              + at % block_size, pair_rows, tables[table_start[owner[pair_rows]] + pair_index],
+              pair_index * block_size, np.array(logit_rows, dtype=np.int64))
     return StepRows(*(torch.from_numpy(array).to(device) for array in arrays))
 
 
@@ -138,11 +144,19 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
     return step.linear(last, weights.lm_head, PLAN)
 
 
-def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, packed,
-                       pool_keys, pool_values, shape: step.Shape, native: bool) -> torch.Tensor:
-    """`step_logits` on the packed weights (what is compiled: the weights one input, not forty)."""
+def greedy_choice(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax(logits / temperature), (R,): `generate`'s greedy token (its temperature divides
+    the logits first, and a division can make two logits equal)."""
+    return torch.argmax(logits / temperatures[:, None], dim=-1)
+
+
+def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, temperatures,
+                       packed, pool_keys, pool_values, shape: step.Shape, native: bool):
+    """`step_logits` on the packed weights (what is compiled: the weights one input, not forty), and the
+    rows' greedy choice at `temperatures` (R,)."""
     rows = StepRows(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows)
-    return step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape, native)
+    logits = step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape, native)
+    return logits, greedy_choice(logits, temperatures)
 
 
 _COMPILED = None
@@ -189,23 +203,28 @@ class CompiledStep:
         return True
 
     @torch.inference_mode()
-    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
+    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]],
+                 temperatures: list[float] | None = None) -> tuple[torch.Tensor, list[int]]:
         """The last logits of each piece that wants them, (R, V) in the pieces' order (see `step_rows`),
-        every piece's K and V written into its blocks."""
+        every piece's K and V written into its blocks; and each of those rows' argmax(logits /
+        temperature), `temperatures` one per row (1.0 for every row when None)."""
         wanted = sum(wants for *_, wants in pieces)
         rows = step_rows(pieces, self.pool.block_size, self.pool.scratch_block, self.device)
+        divisors = list(temperatures or [1.0] * wanted)
+        divisors += [1.0] * (len(rows.logit_rows) - len(divisors))  # the padding's (MIN_SIZE)
+        divisors = torch.tensor(divisors, dtype=self.weights.packed.dtype, device=self.device)
         self.weights.refresh()
         self.calls += 1
         if not self.compiled:
-            return step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape,
-                               self.native)[:wanted]
+            logits = step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape, self.native)
+            return logits[:wanted], greedy_choice(logits, divisors)[:wanted].tolist()
         if self.calls == 1:  # marked once: the compiled step's sizes are symbolic from then on (and marking costs)
-            for tensor in rows.tensors():
+            for tensor in (*rows.tensors(), divisors):
                 torch._dynamo.mark_dynamic(tensor, 0)
         graphs, began = compiled_graphs(), time.perf_counter()
-        logits = compiled_function()(*rows.tensors(), self.weights.packed, self.pool.keys, self.pool.values, self.shape,
-                                     self.native)
+        logits, greedy = compiled_function()(*rows.tensors(), divisors, self.weights.packed, self.pool.keys,
+                                             self.pool.values, self.shape, self.native)
         if compiled_graphs() > graphs:
             self.compiles += compiled_graphs() - graphs
             self.compile_s += time.perf_counter() - began
-        return logits[:wanted]
+        return logits[:wanted], greedy[:wanted].tolist()

@@ -9,8 +9,9 @@ One `step`: the requests that have arrived join the waiting queue, the scheduler
 pieces (it may admit and preempt), the runner feeds them in one forward pass (kvlab.serving.runner:
 the decode rows in one compiled step), then each piece's positions are cached, full prompt blocks
 enter the prefix cache, a prompt of n > 1 rows forks, and a piece that reached its last known token
-draws the next one per row (kvlab.engine.sampling; greedy requests of the same knobs in one call, a
-sampled one with its own generator). A request whose rows all drew eos, or that has max_tokens, gives
+draws the next one per row (a plain greedy request takes the compiled step's own argmax; otherwise
+kvlab.engine.sampling: greedy requests of the same knobs in one call, a sampled one with its own
+generator). A request whose rows all drew eos, or that has max_tokens, gives
 its blocks back at once; so does one aborted (`abort`: a server's client that left).
 
 `step` returns what it did (`StepOutput`): per request touched, whether it was admitted, the tokens
@@ -183,7 +184,7 @@ class ServingEngine:
         draws = [piece.draws for piece in plan.pieces]  # before the draws move each request's end
         useful_slots = sum(piece.request.unfinished_rows for piece, drew in zip(plan.pieces, draws) if drew)
         forward_began = time.perf_counter()
-        logits = self.runner.forward([self.chunk(piece, drew) for piece, drew in zip(plan.pieces, draws)])
+        logits, greedy = self.runner.forward([self.chunk(piece, drew) for piece, drew in zip(plan.pieces, draws)])
         forward_s = time.perf_counter() - forward_began
         fed = {"prefill": 0, "decode": 0}
         drawing, offset = [], 0
@@ -193,9 +194,9 @@ class ServingEngine:
             if drew:
                 drawing.append((piece.request, list(range(offset, offset + len(piece.rows)))))
                 offset += len(piece.rows)
-        self.draw(logits, drawing, updates)
+        self.draw(logits, greedy, drawing, updates)
         for request, _ in drawing:
-            if all(row.finished for row in request.rows) or request.num_new == request.params.max_tokens:
+            if not request.unfinished_rows or request.num_new == request.params.max_tokens:
                 self.scheduler.finish(request)
                 request.record("finish", self.clock)
                 updates[request.request_id].output = request.output()
@@ -265,11 +266,16 @@ class ServingEngine:
         request = piece.request
         ids = [request.token_ids(row, piece.start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
-        return Chunk(ids, piece.start, tables, wants_logits=draws)
+        temperature = request.params.temperature if request.params.plain_greedy else 1.0
+        return Chunk(ids, piece.start, tables, wants_logits=draws, temperature=temperature)
 
     def count_fed(self, piece: Piece, fed: dict) -> None:
         """Split a piece's positions: prompt or computed again (prefill), new (decode); count the recomputed."""
-        request, rows = piece.request, len(piece.rows)
+        request = piece.request
+        if piece.start >= request.prompt_len and piece.start >= request.high_water:  # decoding: all new
+            fed["decode"] += piece.tokens
+            return
+        rows = len(piece.rows)
         again = max(0, min(piece.end, request.high_water) - piece.start)
         prefill_end = max(request.prompt_len, request.high_water)
         prefill = max(0, min(piece.end, prefill_end) - piece.start)
@@ -283,18 +289,21 @@ class ServingEngine:
         cache, and a shared prompt that ended forks into its rows."""
         request = piece.request
         request.num_computed = piece.end
+        if piece.start >= request.prompt_len:  # decoding: no prompt block filled, no fork ahead
+            return
         self.blocks.cache_full_blocks(piece)
         if not request.forked and request.num_computed == request.prompt_len:
             self.stats.blocks_saved_by_sharing += self.blocks.fork(request)
 
-    def draw(self, logits: torch.Tensor, drawing: list[tuple[Request, list[int]]],
+    def draw(self, logits: torch.Tensor, greedy: list[int] | None, drawing: list[tuple[Request, list[int]]],
              updates: dict[int, RequestUpdate]) -> None:
         """Every drawing request's next token per row from its rows of `logits` (a request of n > 1 whose
         shared prompt just ended has one row, which serves every sample), chosen as `generate` chooses
-        (its knobs in MiniMind's order): a sampled request's rows in one call with its own generator (or
-        the global one), as `generate` draws its rows; greedy requests with the same knobs and no
-        repetition penalty in one call for all their rows, which draws nothing at random and treats each
-        row apart."""
+        (its knobs in MiniMind's order): a plain greedy request's (kvlab.engine.sampling.plain_greedy)
+        is the compiled step's own argmax(logits / temperature), `greedy`, where it made one; a sampled
+        request's rows in one call with its own generator (or the global one), as `generate` draws its
+        rows; other greedy requests with the same knobs and no repetition penalty in one call for all
+        their rows, which draws nothing at random and treats each row apart."""
         groups: dict[tuple, list[tuple[Request, list[int]]]] = {}
         for request, rows in drawing:
             if len(rows) != request.n:
@@ -302,6 +311,9 @@ class ServingEngine:
             if self.on_draw is not None:
                 self.on_draw(request.request_id, logits[rows])
             params = request.params
+            if greedy is not None and params.plain_greedy:
+                self.take(request, [greedy[row] for row in rows], updates)
+                continue
             if not params.do_sample and params.repetition_penalty == 1.0:
                 groups.setdefault(params.knob_key, []).append((request, rows))
                 continue
@@ -319,8 +331,11 @@ class ServingEngine:
 
     def take(self, request: Request, tokens: list[int], updates: dict[int, RequestUpdate]) -> None:
         """Each row's drawn token appended (a row that ended gets eos again, as `generate` pads it)."""
-        eos = request.params.eos_token_id
-        gained = tuple(row.take(token, eos) for row, token in zip(request.rows, tokens))
-        request.record("first_token" if request.num_new == 1 else "token", self.clock,
-                       tuple(row.new_tokens[-1] for row in request.rows))
+        eos, rows = request.params.eos_token_id, request.rows
+        if len(rows) == 1:  # most requests: no generator expressions
+            gained, drawn = (rows[0].take(tokens[0], eos),), (rows[0].new_tokens[-1],)
+        else:
+            gained = tuple(row.take(token, eos) for row, token in zip(rows, tokens))
+            drawn = tuple(row.new_tokens[-1] for row in rows)
+        request.record("first_token" if len(rows[0].new_tokens) == 1 else "token", self.clock, drawn)
         self.update(updates, request).tokens = gained

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
+from typing import NamedTuple
 
 import torch
 
@@ -28,11 +29,11 @@ class State(Enum):
 EVENT_KINDS = ("arrival", "admission", "first_token", "token", "preemption", "finish", "abort")
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """Something that happened to a request: its `kind` (one of EVENT_KINDS), the engine's `step`
     (the forward step it happened in; the same on any machine) and `time` (time.perf_counter()).
-    A draw ("first_token", then "token") carries the tokens drawn, one per row."""
+    A draw ("first_token", then "token") carries the tokens drawn, one per row. (A named tuple: one is
+    made for every token served, and a frozen dataclass takes four times as long to make.)"""
 
     kind: str
     step: int
@@ -69,6 +70,12 @@ class SamplingParams:
     def knob_key(self) -> tuple:
         """The knobs as a key: requests of one key draw greedily in one call."""
         return tuple(self.knobs().items())
+
+    @cached_property
+    def plain_greedy(self) -> bool:
+        """Whether the next token is argmax(logits / temperature) (kvlab.engine.sampling.plain_greedy): the
+        compiled step's own choice."""
+        return sampling.plain_greedy(**self.knobs())
 
     def knobs(self) -> dict:
         """The keyword arguments of kvlab.engine.sampling.next_token."""
@@ -154,7 +161,10 @@ class Request:
 
     @property
     def unfinished_rows(self) -> int:
-        return sum(not row.finished for row in self.rows)
+        rows = self.rows
+        if len(rows) == 1:  # most requests: no generator expression
+            return 0 if rows[0].finished else 1
+        return sum(not row.finished for row in rows)
 
     # --- what happened -----------------------------------------------------------------------------
 

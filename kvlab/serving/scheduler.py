@@ -32,24 +32,22 @@ from kvlab.serving.config import ServingConfig
 from kvlab.serving.request import Request, State
 
 
-@dataclass
+@dataclass(slots=True)
 class Piece:
     """What a request feeds in one step: `length` positions from `start` of each of `rows`
-    (row 0 alone while its prompt is shared, all rows after)."""
+    (row 0 alone while its prompt is shared, all rows after). `end` and `tokens` (what it costs of
+    the step's budget) are set with it: a step reads them several times for each of its pieces."""
 
     request: Request
     start: int
     length: int
     rows: list[int]
+    end: int = field(init=False)
+    tokens: int = field(init=False)
 
-    @property
-    def tokens(self) -> int:
-        """What it costs of the step's budget."""
-        return self.length * len(self.rows)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
+    def __post_init__(self):
+        self.end = self.start + self.length
+        self.tokens = self.length * len(self.rows)
 
     @property
     def draws(self) -> bool:
