@@ -95,3 +95,31 @@ def test_the_greedy_pick_is_torch_argmax_with_ties_infinities_and_nan(rows, voca
         picked = sampling.pick_next_token(chosen, do_sample=False)
         assert picked.dtype == torch.int64 and picked.shape == (rows, 1)
         assert torch.equal(picked, torch.argmax(chosen, dim=-1, keepdim=True)), chosen
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(2, 40), st.sampled_from([torch.float32, torch.float64]), st.data())
+def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, dtype, data):
+    """`greedy_choice` (the serving engine's pick for plain greedy requests, rows of other temperatures
+    in one call) against `next_token` row by row under the same knobs: logits a last bit apart, which a
+    temperature's division can make equal (then the first wins), ties, infinities, NaN. A choice that
+    multiplied by 1 / temperature, skipped the division or took the last of equals fails here."""
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16)))
+    logits = (torch.randn(rows, vocab, generator=generator) * 4).to(dtype)
+    for row in range(rows):  # the largest and the float just above it, the larger placed first or after
+        top, at = logits[row].max(), data.draw(st.integers(0, vocab - 1))
+        logits[row, at] = torch.nextafter(top, torch.tensor(float("inf"), dtype=dtype))
+        if at > 0 and data.draw(st.booleans()):
+            logits[row, at - 1] = logits[row, at] if data.draw(st.booleans()) else top
+    special = data.draw(st.sampled_from([None, float("inf"), float("-inf"), float("nan")]))
+    if special is not None:
+        logits[0, data.draw(st.integers(0, vocab - 1))] = special
+    temperatures = data.draw(st.lists(st.sampled_from([0.85, 0.7, 1.3, 1.0, 0.1, 2.0]), min_size=rows, max_size=rows))
+    expected = []
+    for row, temperature in zip(logits, temperatures):
+        knobs = dict(temperature=temperature, top_k=0, top_p=1.0, repetition_penalty=1.0, do_sample=False)
+        assert sampling.plain_greedy(**knobs)
+        expected.append(int(sampling.next_token(row[None], None, **knobs)[0, 0]))
+    assert sampling.greedy_choice(logits, temperatures) == expected
+    strided = torch.stack([logits, logits], dim=-1)[..., 0]  # the same values, a view with a stride of 2
+    assert sampling.greedy_choice(strided, temperatures) == expected

@@ -14,8 +14,7 @@ from kvlab.engine.fast import find_cpp_compiler as fast_compiler
 from kvlab.engine.model import attention
 from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, cpu_attention, generate_alone
 from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes, zeroed_memory
-from kvlab.engine import sampling
-from kvlab.serving.compiled_step import greedy_choice, step_rows
+from kvlab.serving.compiled_step import step_rows
 from kvlab.serving.paged_attention import block_attention, block_index, gather_kv, paged_attention, slot_ids
 
 from serving_helpers import GREEDY, one_thread, prompts_of, tiny_model  # noqa: F401
@@ -275,35 +274,3 @@ def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eager
     assert not engine.compiled and engine.warm_up() == 0.0
     assert result.outputs[0].samples == [generate_alone(model, prompts_of([9])[0], SamplingParams(
         max_tokens=5, eos_token_id=None, **GREEDY))][0]
-
-
-_COMPILED_CHOICE = []
-
-
-@settings(max_examples=30, deadline=None)
-@given(data=st.data(), temperature=st.sampled_from([0.85, 0.7, 1.3, 1.0, 0.1]))
-def test_the_steps_greedy_choice_is_generates_greedy_token(data, temperature):
-    """The compiled step's own greedy choice (what a plain greedy request draws) is `generate`'s choice
-    under the same knobs, compiled as in the step: logits that differ in their last bit, which the
-    temperature's division can make equal (then the first wins), ties, infinities. A choice that
-    multiplied by 1 / temperature, or skipped the division, would pick another index here."""
-    if not fast_compiler():
-        pytest.skip("no C++ compiler: the compiled step runs eagerly")
-    if not _COMPILED_CHOICE:
-        _COMPILED_CHOICE.append(torch.compile(greedy_choice, dynamic=True, fullgraph=True))
-    rows, vocab = data.draw(st.integers(2, 6)), data.draw(st.integers(2, 40))
-    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16)))
-    logits = torch.randn(rows, vocab, generator=generator) * 4
-    for row in range(rows):  # neighbours: the largest, and the float just above it, placed before it
-        top, at = logits[row].max(), data.draw(st.integers(0, vocab - 1))
-        logits[row, at] = torch.nextafter(top, torch.tensor(float("inf")))
-        if at > 0 and data.draw(st.booleans()):
-            logits[row, at - 1] = logits[row, at] if data.draw(st.booleans()) else top
-    if data.draw(st.booleans()):
-        logits[0, data.draw(st.integers(0, vocab - 1))] = float("inf")
-    knobs = dict(temperature=temperature, top_k=0, top_p=1.0, repetition_penalty=1.0, do_sample=False)
-    assert sampling.plain_greedy(**knobs)
-    expected = sampling.next_token(logits, None, **knobs)[:, 0].tolist()
-    divisors = torch.full((rows,), temperature)
-    assert greedy_choice(logits, divisors).tolist() == expected
-    assert _COMPILED_CHOICE[0](logits, divisors).tolist() == expected

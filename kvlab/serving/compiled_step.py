@@ -20,10 +20,7 @@ kvlab.serving.cpu_attention's C++ kernel, called from the graph as a custom oper
 kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows the
 (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
 rows that draw. Matrix products with the weights are the BLAS library's, one product for all the
-step's rows. The step also returns each drawing row's argmax(logits / temperature) (its request's
-temperature), MiniMind's next token when a request's knobs are plain greedy
-(kvlab.engine.sampling.plain_greedy), as the fast path's step does; every other choice is made eagerly
-from the logits (kvlab.engine.sampling).
+step's rows. The next-token choice stays eager (kvlab.engine.sampling), as in the fast path.
 
 What it gives up: bits. `generate` alone computes its products over other row counts and its
 attention in another order, so the logits differ in their last bits (some 1e-6) and a token can
@@ -144,19 +141,11 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
     return step.linear(last, weights.lm_head, PLAN)
 
 
-def greedy_choice(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax(logits / temperature), (R,): `generate`'s greedy token (its temperature divides
-    the logits first, and a division can make two logits equal)."""
-    return torch.argmax(logits / temperatures[:, None], dim=-1)
-
-
-def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, temperatures,
-                       packed, pool_keys, pool_values, shape: step.Shape, native: bool):
-    """`step_logits` on the packed weights (what is compiled: the weights one input, not forty), and the
-    rows' greedy choice at `temperatures` (R,)."""
+def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, packed,
+                       pool_keys, pool_values, shape: step.Shape, native: bool) -> torch.Tensor:
+    """`step_logits` on the packed weights (what is compiled: the weights one input, not forty)."""
     rows = StepRows(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows)
-    logits = step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape, native)
-    return logits, greedy_choice(logits, temperatures)
+    return step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape, native)
 
 
 _COMPILED = None
@@ -203,28 +192,23 @@ class CompiledStep:
         return True
 
     @torch.inference_mode()
-    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]],
-                 temperatures: list[float] | None = None) -> tuple[torch.Tensor, list[int]]:
+    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
         """The last logits of each piece that wants them, (R, V) in the pieces' order (see `step_rows`),
-        every piece's K and V written into its blocks; and each of those rows' argmax(logits /
-        temperature), `temperatures` one per row (1.0 for every row when None)."""
+        every piece's K and V written into its blocks."""
         wanted = sum(wants for *_, wants in pieces)
         rows = step_rows(pieces, self.pool.block_size, self.pool.scratch_block, self.device)
-        divisors = list(temperatures or [1.0] * wanted)
-        divisors += [1.0] * (len(rows.logit_rows) - len(divisors))  # the padding's (MIN_SIZE)
-        divisors = torch.tensor(divisors, dtype=self.weights.packed.dtype, device=self.device)
         self.weights.refresh()
         self.calls += 1
         if not self.compiled:
-            logits = step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape, self.native)
-            return logits[:wanted], greedy_choice(logits, divisors)[:wanted].tolist()
+            return step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape,
+                               self.native)[:wanted]
         if self.calls == 1:  # marked once: the compiled step's sizes are symbolic from then on (and marking costs)
-            for tensor in (*rows.tensors(), divisors):
+            for tensor in rows.tensors():
                 torch._dynamo.mark_dynamic(tensor, 0)
         graphs, began = compiled_graphs(), time.perf_counter()
-        logits, greedy = compiled_function()(*rows.tensors(), divisors, self.weights.packed, self.pool.keys,
-                                             self.pool.values, self.shape, self.native)
+        logits = compiled_function()(*rows.tensors(), self.weights.packed, self.pool.keys, self.pool.values, self.shape,
+                                     self.native)
         if compiled_graphs() > graphs:
             self.compiles += compiled_graphs() - graphs
             self.compile_s += time.perf_counter() - began
-        return logits[:wanted], greedy[:wanted].tolist()
+        return logits[:wanted]

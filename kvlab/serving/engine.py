@@ -9,10 +9,10 @@ One `step`: the requests that have arrived join the waiting queue, the scheduler
 pieces (it may admit and preempt), the runner feeds them in one forward pass (kvlab.serving.runner:
 the decode rows in one compiled step), then each piece's positions are cached, full prompt blocks
 enter the prefix cache, a prompt of n > 1 rows forks, and a piece that reached its last known token
-draws the next one per row (a plain greedy request takes the compiled step's own argmax; otherwise
-kvlab.engine.sampling: greedy requests of the same knobs in one call, a sampled one with its own
-generator). A request whose rows all drew eos, or that has max_tokens, gives
-its blocks back at once; so does one aborted (`abort`: a server's client that left).
+draws the next one per row (kvlab.engine.sampling; the plain greedy requests in one call, other
+greedy requests of the same knobs in one call, a sampled one with its own generator). A request whose
+rows all drew eos, or that has max_tokens, gives its blocks back at once; so does one aborted
+(`abort`: a server's client that left).
 
 `step` returns what it did (`StepOutput`): per request touched, whether it was admitted, the tokens
 each row's answer gained, and its output once finished, beside the step's record (its counts and
@@ -184,7 +184,7 @@ class ServingEngine:
         draws = [piece.draws for piece in plan.pieces]  # before the draws move each request's end
         useful_slots = sum(piece.request.unfinished_rows for piece, drew in zip(plan.pieces, draws) if drew)
         forward_began = time.perf_counter()
-        logits, greedy = self.runner.forward([self.chunk(piece, drew) for piece, drew in zip(plan.pieces, draws)])
+        logits = self.runner.forward([self.chunk(piece, drew) for piece, drew in zip(plan.pieces, draws)])
         forward_s = time.perf_counter() - forward_began
         fed = {"prefill": 0, "decode": 0}
         drawing, offset = [], 0
@@ -194,7 +194,7 @@ class ServingEngine:
             if drew:
                 drawing.append((piece.request, list(range(offset, offset + len(piece.rows)))))
                 offset += len(piece.rows)
-        self.draw(logits, greedy, drawing, updates)
+        self.draw(logits, drawing, updates)
         for request, _ in drawing:
             if not request.unfinished_rows or request.num_new == request.params.max_tokens:
                 self.scheduler.finish(request)
@@ -266,8 +266,7 @@ class ServingEngine:
         request = piece.request
         ids = [request.token_ids(row, piece.start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
-        temperature = request.params.temperature if request.params.plain_greedy else 1.0
-        return Chunk(ids, piece.start, tables, wants_logits=draws, temperature=temperature)
+        return Chunk(ids, piece.start, tables, wants_logits=draws)
 
     def count_fed(self, piece: Piece, fed: dict) -> None:
         """Split a piece's positions: prompt or computed again (prefill), new (decode); count the recomputed."""
@@ -295,15 +294,16 @@ class ServingEngine:
         if not request.forked and request.num_computed == request.prompt_len:
             self.stats.blocks_saved_by_sharing += self.blocks.fork(request)
 
-    def draw(self, logits: torch.Tensor, greedy: list[int] | None, drawing: list[tuple[Request, list[int]]],
+    def draw(self, logits: torch.Tensor, drawing: list[tuple[Request, list[int]]],
              updates: dict[int, RequestUpdate]) -> None:
         """Every drawing request's next token per row from its rows of `logits` (a request of n > 1 whose
         shared prompt just ended has one row, which serves every sample), chosen as `generate` chooses
-        (its knobs in MiniMind's order): a plain greedy request's (kvlab.engine.sampling.plain_greedy)
-        is the compiled step's own argmax(logits / temperature), `greedy`, where it made one; a sampled
-        request's rows in one call with its own generator (or the global one), as `generate` draws its
-        rows; other greedy requests with the same knobs and no repetition penalty in one call for all
-        their rows, which draws nothing at random and treats each row apart."""
+        (its knobs in MiniMind's order): a sampled request's rows in one call with its own generator (or
+        the global one), as `generate` draws its rows; the plain greedy requests' rows
+        (kvlab.engine.sampling.plain_greedy: argmax(logits / temperature)) in one call for all, whatever
+        their temperatures; other greedy requests with the same knobs and no repetition penalty in one
+        call for all their rows. Greedy choices draw nothing at random and treat each row apart."""
+        plain: list[tuple[Request, list[int]]] = []
         groups: dict[tuple, list[tuple[Request, list[int]]]] = {}
         for request, rows in drawing:
             if len(rows) != request.n:
@@ -311,23 +311,32 @@ class ServingEngine:
             if self.on_draw is not None:
                 self.on_draw(request.request_id, logits[rows])
             params = request.params
-            if greedy is not None and params.plain_greedy:
-                self.take(request, [greedy[row] for row in rows], updates)
-                continue
-            if not params.do_sample and params.repetition_penalty == 1.0:
+            if params.plain_greedy:
+                plain.append((request, rows))
+            elif not params.do_sample and params.repetition_penalty == 1.0:
                 groups.setdefault(params.knob_key, []).append((request, rows))
-                continue
-            seen = torch.tensor([request.prompt + row.new_tokens for row in request.rows], device=logits.device)
-            tokens = sampling.next_token(logits[rows], seen, **params.knobs(), generator=request.generator)
-            self.take(request, tokens[:, 0].tolist(), updates)
+            else:
+                seen = torch.tensor([request.prompt + row.new_tokens for row in request.rows], device=logits.device)
+                tokens = sampling.next_token(logits[rows], seen, **params.knobs(), generator=request.generator)
+                self.take(request, tokens[:, 0].tolist(), updates)
+        if plain:
+            rows = [row for _, request_rows in plain for row in request_rows]
+            chosen = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            tokens = sampling.greedy_choice(chosen, [request.params.temperature for request, request_rows in plain
+                                                     for _ in request_rows])
+            self.take_each(plain, tokens, updates)
         for group in groups.values():
             rows = [row for _, request_rows in group for row in request_rows]
             chosen = logits if rows == list(range(logits.shape[0])) else logits[rows]
-            tokens = sampling.next_token(chosen, None, **group[0][0].params.knobs())[:, 0].tolist()
-            offset = 0
-            for request, _ in group:
-                self.take(request, tokens[offset:offset + request.n], updates)
-                offset += request.n
+            self.take_each(group, sampling.next_token(chosen, None, **group[0][0].params.knobs())[:, 0].tolist(), updates)
+
+    def take_each(self, drawn: list[tuple[Request, list[int]]], tokens: list[int],
+                  updates: dict[int, RequestUpdate]) -> None:
+        """`tokens` drawn for the requests' rows laid end to end, each request's taken."""
+        offset = 0
+        for request, _ in drawn:
+            self.take(request, tokens[offset:offset + request.n], updates)
+            offset += request.n
 
     def take(self, request: Request, tokens: list[int], updates: dict[int, RequestUpdate]) -> None:
         """Each row's drawn token appended (a row that ended gets eos again, as `generate` pads it)."""

@@ -73,8 +73,7 @@ class SamplingParams:
 
     @cached_property
     def plain_greedy(self) -> bool:
-        """Whether the next token is argmax(logits / temperature) (kvlab.engine.sampling.plain_greedy): the
-        compiled step's own choice."""
+        """Whether the next token is argmax(logits / temperature) (kvlab.engine.sampling.plain_greedy)."""
         return sampling.plain_greedy(**self.knobs())
 
     def knobs(self) -> dict:

@@ -35,13 +35,12 @@ from kvlab.serving.paged_attention import block_index, paged_attention, slot_ids
 class Chunk:
     """What one request feeds in a step: `token_ids` (one list per row, each T long) at positions
     start .. start + T - 1 of each row, whose blocks are `tables` (one per row); `wants_logits` when a
-    draw follows, `temperature` the divisor of the compiled step's greedy choice for its rows."""
+    draw follows."""
 
     token_ids: list[list[int]]
     start: int
     tables: list[list[int]]
     wants_logits: bool
-    temperature: float = 1.0
 
     @property
     def rows(self) -> int:
@@ -78,16 +77,14 @@ class ModelRunner:
         self.compiled = CompiledStep(model, pool) if compile else None
 
     @torch.inference_mode()
-    def forward(self, chunks: list[Chunk]) -> tuple[torch.Tensor, list[int] | None]:
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """Feed every chunk; returns the last logits of every row of the chunks that want them, (R, V),
-        chunk after chunk, and (compiled) each such row's argmax(logits / its chunk's temperature), or
-        None (eager: the draws choose from the logits)."""
+        chunk after chunk."""
         if self.compiled is None:
             wanted = [logits for logits in self.eager(chunks) if logits is not None]
-            return torch.cat(wanted) if wanted else torch.empty(0, self.model.config.vocab_size), None
-        temperatures = [chunk.temperature for chunk in chunks if chunk.wants_logits for _ in chunk.token_ids]
+            return torch.cat(wanted) if wanted else torch.empty(0, self.model.config.vocab_size)
         return self.compiled([(ids, chunk.start, table, chunk.wants_logits)
-                              for chunk in chunks for ids, table in zip(chunk.token_ids, chunk.tables)], temperatures)
+                              for chunk in chunks for ids, table in zip(chunk.token_ids, chunk.tables)])
 
     # --- the eager way ---------------------------------------------------------------------------
 
