@@ -104,13 +104,16 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
         table_lengths.append(1)
     logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
     table_start = np.cumsum(table_lengths) - table_lengths  # where each piece's table begins in `tables`
-    owner, offset = ragged(np.array(lengths, dtype=np.int64))  # each row's piece, and its place in it
-    at = np.array(starts, dtype=np.int64)[owner] + offset  # each row's position
+    if len(token_ids) == len(starts):  # a row per piece (decoding): each row at its piece's start
+        at, row_table = np.array(starts, dtype=np.int64), table_start
+    else:
+        owner, offset = ragged(np.array(lengths, dtype=np.int64))  # each row's piece, and its place in it
+        at, row_table = np.array(starts, dtype=np.int64)[owner] + offset, table_start[owner]  # its position, table
     pair_rows, pair_index = ragged(at // block_size + 1)  # a pair per block a row reads: its row, which block
     tables = np.array(tables, dtype=np.int64)
-    arrays = (np.array(token_ids, dtype=np.int64), at, tables[table_start[owner] + at // block_size] * block_size
-              + at % block_size, pair_rows, tables[table_start[owner[pair_rows]] + pair_index],
-              pair_index * block_size, np.array(logit_rows, dtype=np.int64))
+    arrays = (np.array(token_ids, dtype=np.int64), at, tables[row_table + at // block_size] * block_size
+              + at % block_size, pair_rows, tables[row_table[pair_rows] + pair_index], pair_index * block_size,
+              np.array(logit_rows, dtype=np.int64))
     return StepRows(*(torch.from_numpy(array).to(device) for array in arrays))
 
 

@@ -181,19 +181,22 @@ class ServingEngine:
         updates: dict[int, RequestUpdate] = {}
         self.note_schedule(plan, updates)
         blocks_in_use = self.pool.num_used
-        draws = [piece.draws for piece in plan.pieces]  # before the draws move each request's end
-        useful_slots = sum(piece.request.unfinished_rows for piece, drew in zip(plan.pieces, draws) if drew)
+        chunks, drawing, offset, useful_slots = [], [], 0, 0
+        for piece in plan.pieces:  # whether each draws: known before the draws move each request's end
+            request = piece.request
+            drew = piece.draws
+            chunks.append(self.chunk(piece, drew))
+            if drew:
+                useful_slots += request.unfinished_rows
+                drawing.append((request, list(range(offset, offset + len(piece.rows)))))
+                offset += len(piece.rows)
         forward_began = time.perf_counter()
-        logits = self.runner.forward([self.chunk(piece, drew) for piece, drew in zip(plan.pieces, draws)])
+        logits = self.runner.forward(chunks)
         forward_s = time.perf_counter() - forward_began
         fed = {"prefill": 0, "decode": 0}
-        drawing, offset = [], 0
-        for piece, drew in zip(plan.pieces, draws):
+        for piece in plan.pieces:
             self.count_fed(piece, fed)
             self.cached(piece)
-            if drew:
-                drawing.append((piece.request, list(range(offset, offset + len(piece.rows)))))
-                offset += len(piece.rows)
         self.draw(logits, drawing, updates)
         for request, _ in drawing:
             if not request.unfinished_rows or request.num_new == request.params.max_tokens:
@@ -263,10 +266,13 @@ class ServingEngine:
     # --- one piece -------------------------------------------------------------------------------
 
     def chunk(self, piece: Piece, draws: bool) -> Chunk:
-        request = piece.request
-        ids = [request.token_ids(row, piece.start, piece.end) for row in piece.rows]
+        request, start = piece.request, piece.start
+        if piece.length == 1 and start >= request.prompt_len and piece.rows == [0]:  # one row decoding
+            row = request.rows[0]
+            return Chunk([[row.new_tokens[start - request.prompt_len]]], start, [row.block_table], wants_logits=draws)
+        ids = [request.token_ids(row, start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
-        return Chunk(ids, piece.start, tables, wants_logits=draws)
+        return Chunk(ids, start, tables, wants_logits=draws)
 
     def count_fed(self, piece: Piece, fed: dict) -> None:
         """Split a piece's positions: prompt or computed again (prefill), new (decode); count the recomputed."""
