@@ -68,6 +68,28 @@ def test_free_list_and_reference_counts(model):
         pool.allocate()
 
 
+def test_a_decoding_rows_block_in_short_is_what_append_gives(model):
+    """`append_position` (the scheduler's short way for one row decoding) allocates what `append` does
+    for the same piece: a block only where the position begins one; with no free block, False and
+    nothing taken (the scheduler then goes the long way, which preempts)."""
+    from kvlab.serving.block_manager import BlockManager
+    from kvlab.serving.request import Request
+    from kvlab.serving.scheduler import Piece
+
+    pool = BlockPool(model.config, num_blocks=4, block_size=4, dtype=torch.float32)
+    blocks = BlockManager(pool, prefix_caching=False)
+    short, long = (Request(i, [1, 2, 3], SamplingParams(max_tokens=9)) for i in range(2))
+    for position in range(3, 8):  # 3 lies in the first block, 4 begins the second
+        assert blocks.append_position(short, position)
+        blocks.append(Piece(long, position, 1, [0]))
+        assert len(short.rows[0].block_table) == len(long.rows[0].block_table) == position // 4 + 1
+    assert pool.num_free == 0
+    assert not blocks.append_position(short, 8) and len(short.rows[0].block_table) == 2
+    assert not blocks.can_append(Piece(long, 8, 1, [0]))
+    blocks.free(long)
+    assert blocks.append_position(short, 8) and len(short.rows[0].block_table) == 3 and pool.num_free == 1
+
+
 def test_prefix_cache_survives_freeing_until_the_block_is_taken_again(model):
     pool = BlockPool(model.config, num_blocks=2, block_size=4, dtype=torch.float32)
     tokens = [5, 6, 7, 8]

@@ -5,6 +5,7 @@ themselves (storage, reference counts, the free list, the prefix hashes).
 
   allocate(request, piece)   admit: the prompt's cached prefix held, blocks for the first piece
   append(piece)              blocks for a running request's next piece (and the fork's copies)
+  append_position(r, p)      the same for one row decoding, in short (False when no block is free)
   free(request)              every block back (finished, aborted, or preempted)
   cache_full_blocks(piece)   the prompt blocks a piece filled enter the prefix cache
   fork(request)              at the end of a shared prompt, each of n > 1 rows gets its own table
@@ -78,6 +79,18 @@ class BlockManager:
                 table.append(self.pool.allocate())
         for row in request.rows[1:1 + copies]:
             row.block_table.append(self.pool.allocate())
+
+    def append_position(self, request: Request, position: int) -> bool:
+        """`append` for one row decoding (a request of one sample past its prompt, feeding `position`),
+        in short: its block, allocated if the position begins one. False, with nothing allocated, when
+        it needs a block and none is free."""
+        table = request.rows[0].block_table
+        if len(table) * self.block_size > position:
+            return True
+        if not self.pool.num_free:
+            return False
+        table.append(self.pool.allocate())
+        return True
 
     # --- admission -----------------------------------------------------------------------------------
 

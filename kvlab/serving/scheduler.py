@@ -130,21 +130,18 @@ class Scheduler:
     def schedule_running(self, plan: Schedule, budget: int) -> int:
         """Each running request's next piece, oldest first, preempting the newest for blocks. Returns the
         budget left."""
-        index, block_size, pool = 0, self.blocks.block_size, self.blocks.pool
+        index = 0
         while index < len(self.running):
             request = self.running[index]
             start = request.num_computed
             if (request.n == 1 and start >= request.prompt_len and budget >= 1
-                    and start + 1 == request.prompt_len + len(request.rows[0].new_tokens)):
-                # decoding one row (most pieces): next_piece, can_append and append in short
-                table = request.rows[0].block_table
-                if len(table) * block_size > start or pool.num_free:
-                    if len(table) * block_size <= start:
-                        table.append(pool.allocate())
-                    plan.pieces.append(Piece(request, start, 1, [0]))
-                    budget -= 1
-                    index += 1
-                    continue
+                    and start + 1 == request.prompt_len + len(request.rows[0].new_tokens)
+                    and self.blocks.append_position(request, start)):
+                # one row decoding (most pieces): its piece and block in short; without a free block, below
+                plan.pieces.append(Piece(request, start, 1, [0]))
+                budget -= 1
+                index += 1
+                continue
             piece = self.next_piece(request, start, budget)
             if piece is None:  # not within what is left of the budget: next step
                 index += 1
