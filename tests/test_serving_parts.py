@@ -296,3 +296,49 @@ def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eager
     assert not engine.compiled and engine.warm_up() == 0.0
     assert result.outputs[0].samples == [generate_alone(model, prompts_of([9])[0], SamplingParams(
         max_tokens=5, eos_token_id=None, **GREEDY))][0]
+
+
+def test_the_steps_products_follow_the_weights_when_they_change():
+    """The compiled step's products keep oneDNN's packed copies of the weights by the packed weights'
+    pack_id (kvlab.serving.cpu_attention's kvlab::linear): weights changed in place between two runs of
+    one engine (a training step, a load_state_dict) are packed again, and every token of the second run
+    is `generate`'s with the new weights; rows of 4 and more take oneDNN's product, fewer MKL's."""
+    model = tiny_model(seed=3)
+    engine = ServingEngine(model, ServingConfig(num_blocks=64))
+    prompts = prompts_of([9, 12, 7, 15], seed=5)
+    params = SamplingParams(max_tokens=6, eos_token_id=None, **GREEDY)
+    served = []
+    for change in range(2):
+        if change:
+            with torch.no_grad():
+                model.load_state_dict(tiny_model(seed=4).state_dict())
+        ids = [engine.add_request(prompt, params) for prompt in prompts]
+        outputs = {output.request_id: output for output in engine.run().outputs}
+        served.append([outputs[i].samples for i in ids])
+        assert served[-1] == [generate_alone(model, prompt, params) for prompt in prompts]
+    assert served[0] != served[1]  # the weights did change what is served
+
+
+def test_the_product_operator_is_f_linear():
+    """kvlab::linear against F.linear: MKL's very product below 4 rows; oneDNN's from 4 rows on, within
+    a float's rounding; a new pack_id for new contents of the same buffer gives the new product."""
+    if not cpu_attention.usable(torch.empty(1, 16, 2, 32)):
+        pytest.skip("no C++ compiler built kvlab.serving.cpu_attention's operators")
+    generator = torch.Generator().manual_seed(0)
+    buffer = torch.randn(3 * 96 * 40, generator=generator)
+    weight = buffer[96 * 40:2 * 96 * 40].view(96, 40)  # a view inside a larger buffer, as the packed weights
+    pack_id = torch.tensor(10 ** 9)  # far from the ids PackedWeights hands out in this process
+    for rows in (1, 2, 3, 4, 37, 300):
+        x = torch.randn(rows, 1, 40, generator=generator)
+        got = torch.ops.kvlab.linear(x, weight, pack_id)
+        assert got.shape == (rows, 1, 96)
+        if rows < 4:
+            assert torch.equal(got, torch.nn.functional.linear(x, weight))
+        else:
+            assert torch.allclose(got, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        weight.mul_(-2.0)
+    pack_id.fill_(10 ** 9 + 1)
+    x = torch.randn(8, 40, generator=generator)
+    assert torch.allclose(torch.ops.kvlab.linear(x, weight, pack_id), torch.nn.functional.linear(x, weight),
+                          rtol=1e-5, atol=1e-5)

@@ -30,6 +30,7 @@ the model's own functions (kvlab.engine.model). The serving engine's compiled st
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from dataclasses import dataclass
@@ -113,6 +114,7 @@ class LayerWeights(NamedTuple):
     o: torch.Tensor
     gate_up: tuple[torch.Tensor, ...]  # (gate, up) weights, or one (gate|up) weight when fused
     down: torch.Tensor
+    pack_id: torch.Tensor | None = None  # see ModelWeights
 
 
 class ModelWeights(NamedTuple):
@@ -122,6 +124,10 @@ class ModelWeights(NamedTuple):
     lm_head: torch.Tensor
     cos: torch.Tensor  # (L, D): the RoPE tables of the positions the cache holds
     sin: torch.Tensor
+    # what the packed weights hold, a number no other copy into any packed weights has had in this
+    # process (PackedWeights.pack_id); given, the products go through kvlab.serving.cpu_attention's
+    # `kvlab::linear` on oneDNN's packed copies, which it keeps by this number (see `linear`)
+    pack_id: torch.Tensor | None = None
 
 
 # --- the packed weights ------------------------------------------------------------------------------
@@ -159,8 +165,9 @@ def pack_layout(shape: Shape, plan: StepPlan) -> list[tuple[str, tuple[int, ...]
     return layout
 
 
-def unpack(packed: torch.Tensor, shape: Shape, plan: StepPlan) -> ModelWeights:
-    """The packed weights as the step reads them: views, no copy (in compiled code, not even a call)."""
+def unpack(packed: torch.Tensor, shape: Shape, plan: StepPlan, pack_id: torch.Tensor | None = None) -> ModelWeights:
+    """The packed weights as the step reads them: views, no copy (in compiled code, not even a call);
+    `pack_id`, where given, goes with them (ModelWeights.pack_id)."""
     views, offset = {}, 0
     for name, size in pack_layout(shape, plan):
         count = math.prod(size)
@@ -173,10 +180,10 @@ def unpack(packed: torch.Tensor, shape: Shape, plan: StepPlan) -> ModelWeights:
     layers = tuple(
         LayerWeights(views[f"{i}.input_norm"], views[f"{i}.post_norm"], pieces(i, "qkv", "q", "k", "v"),
                      pieces(i, "qk_norm", "q_norm", "k_norm"), views[f"{i}.o"], pieces(i, "gate_up", "gate", "up"),
-                     views[f"{i}.down"])
+                     views[f"{i}.down"], pack_id)
         for i in range(shape.layers))
     return ModelWeights(views["embed"], layers, views["final_norm"], views.get("lm_head", views["embed"]),
-                        views["cos"], views["sin"])
+                        views["cos"], views["sin"], pack_id)
 
 
 def piece_source(model: MiniMindForCausalLM, name: str, shape: Shape) -> torch.Tensor:
@@ -207,11 +214,15 @@ def piece_source(model: MiniMindForCausalLM, name: str, shape: Shape) -> torch.T
     return torch.cat([ffn.gate_proj.weight, ffn.up_proj.weight])  # gate_up
 
 
+_PACK_IDS = itertools.count(1)  # every copy into any packed weights of this process: its own number
+
+
 class PackedWeights:
     """One flat copy of every weight a step reads (`packed`, laid out by `pack_layout`) and its views
     (`views`, a ModelWeights). It holds its model weakly. `refresh` copies the model's weights in
     again when one has changed since the last copy (a tensor's version counter counts its in-place
-    changes: a training step, load_state_dict); `packs` counts the copies."""
+    changes: a training step, load_state_dict); `packs` counts the copies, and `pack_id` (a 0-d int64
+    tensor) takes a number no copy in this process had before at each (ModelWeights.pack_id)."""
 
     def __init__(self, model: MiniMindForCausalLM, shape: Shape, plan: StepPlan):
         weight = model.lm_head.weight
@@ -220,6 +231,7 @@ class PackedWeights:
         self.layout = pack_layout(shape, plan)
         self.packed = torch.zeros(sum(math.prod(size) for _, size in self.layout), dtype=weight.dtype,
                                   device=weight.device)
+        self.pack_id = torch.zeros((), dtype=torch.int64)
         self.views = unpack(self.packed, shape, plan)
         self.packs = 0
         self._parameters = list(model.parameters())  # listed once: walking the modules costs 2 ms
@@ -241,6 +253,7 @@ class PackedWeights:
                 count = math.prod(size)
                 self.packed[offset : offset + count].view(size).copy_(piece_source(model, name, self.shape))
                 offset += count
+            self.pack_id.fill_(next(_PACK_IDS))
         self._packed_from = version
         self.packs += 1
 
@@ -258,10 +271,14 @@ def stored(x: torch.Tensor) -> torch.Tensor:
     return x.as_strided(x.size(), x.stride())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-    """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis, of x stored."""
+def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan, pack_id: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis, of x stored;
+    with a `pack_id` (ModelWeights.pack_id), by kvlab.serving.cpu_attention's operator (oneDNN on its
+    packed copy of the weight from 4 rows on, MKL's product as F.linear's below)."""
     if plan.rowwise_matmul:
         return (stored(x).unsqueeze(-2) * weight).sum(-1)
+    if pack_id is not None:
+        return torch.ops.kvlab.linear(x, weight, pack_id)
     return F.linear(x, weight)
 
 
@@ -271,14 +288,14 @@ def project_qkv(x: torch.Tensor, layer: LayerWeights, shape: Shape, cos, sin, pl
     heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
     if not plan.fused_qkv:
         q_weight, k_weight, v_weight = layer.qkv
-        q = linear(x, q_weight, plan).view(batch, 1, heads, head_dim)
-        k = linear(x, k_weight, plan).view(batch, 1, kv_heads, head_dim)
-        v = linear(x, v_weight, plan).view(batch, 1, kv_heads, head_dim)
+        q = linear(x, q_weight, plan, layer.pack_id).view(batch, 1, heads, head_dim)
+        k = linear(x, k_weight, plan, layer.pack_id).view(batch, 1, kv_heads, head_dim)
+        v = linear(x, v_weight, plan, layer.pack_id).view(batch, 1, kv_heads, head_dim)
         if shape.qk_norm:
             q, k = rms_norm(q, layer.qk_norm[0], shape.eps), rms_norm(k, layer.qk_norm[1], shape.eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
     # one product; its heads are q's H, then k's KV, then v's KV
-    heads_out = linear(x, layer.qkv[0], plan).view(batch, 1, heads + 2 * kv_heads, head_dim)
+    heads_out = linear(x, layer.qkv[0], plan, layer.pack_id).view(batch, 1, heads + 2 * kv_heads, head_dim)
     qk, v = heads_out.split([heads + kv_heads, kv_heads], dim=2)
     if shape.qk_norm:
         qk = rms_norm(qk, layer.qk_norm[0], shape.eps)  # weight (H + KV, D): q's rows, then k's
@@ -315,10 +332,10 @@ def attend(q, keys_t, values, key_bias, shape: Shape, plan: StepPlan) -> torch.T
 def mlp(x: torch.Tensor, layer: LayerWeights, shape: Shape, plan: StepPlan) -> torch.Tensor:
     """SwiGLU: down(silu(gate(x)) * up(x))."""
     if plan.fused_gate_up:
-        gate, up = linear(x, layer.gate_up[0], plan).split([shape.intermediate, shape.intermediate], dim=-1)
+        gate, up = linear(x, layer.gate_up[0], plan, layer.pack_id).split([shape.intermediate, shape.intermediate], dim=-1)
     else:
-        gate, up = linear(x, layer.gate_up[0], plan), linear(x, layer.gate_up[1], plan)
-    return linear(F.silu(gate) * up, layer.down, plan)
+        gate, up = linear(x, layer.gate_up[0], plan, layer.pack_id), linear(x, layer.gate_up[1], plan, layer.pack_id)
+    return linear(F.silu(gate) * up, layer.down, plan, layer.pack_id)
 
 
 def step_logits(token_ids: torch.Tensor, position: torch.Tensor, padding_bias: torch.Tensor, weights: ModelWeights,

@@ -19,8 +19,9 @@ into its slot of the pool, attention over the blocks its table holds (on a CPU i
 kvlab.serving.cpu_attention's C++ kernel, called from the graph as a custom operator; elsewhere
 kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows the
 (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
-rows that draw. Matrix products with the weights are the BLAS library's, one product for all the
-step's rows. The next-token choice stays eager (kvlab.engine.sampling), as in the fast path.
+rows that draw. Each product with the weights is one for all the step's rows: with the C++ operators,
+`kvlab::linear` (oneDNN's product on its packed copy of the weight from 4 rows on, MKL's below);
+elsewhere the BLAS library's. The next-token choice stays eager (kvlab.engine.sampling), as in the fast path.
 
 What it gives up: bits. `generate` alone computes its products over other row counts and its
 attention in another order, so the logits differ in their last bits (some 1e-6) and a token can
@@ -138,17 +139,19 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
         else:
             attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
                                        rows.pair_blocks, rows.pair_starts)
-        hidden = step.linear(attended, layer.o, PLAN) + hidden
+        hidden = step.linear(attended, layer.o, PLAN, layer.pack_id) + hidden
         hidden = hidden + step.mlp(rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
     last = rms_norm(hidden[rows.logit_rows, 0], weights.final_norm, shape.eps)  # (R, C)
-    return step.linear(last, weights.lm_head, PLAN)
+    return step.linear(last, weights.lm_head, PLAN, weights.pack_id)
 
 
 def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, packed,
-                       pool_keys, pool_values, shape: step.Shape, native: bool) -> torch.Tensor:
-    """`step_logits` on the packed weights (what is compiled: the weights one input, not forty)."""
+                       pack_id, pool_keys, pool_values, shape: step.Shape, native: bool) -> torch.Tensor:
+    """`step_logits` on the packed weights (what is compiled: the weights one input, not forty); with
+    the C++ operators (`native`), the products on oneDNN's copies of them, kept by `pack_id`."""
     rows = StepRows(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows)
-    return step_logits(rows, step.unpack(packed, shape, PLAN), pool_keys, pool_values, shape, native)
+    weights = step.unpack(packed, shape, PLAN, pack_id if native else None)
+    return step_logits(rows, weights, pool_keys, pool_values, shape, native)
 
 
 _COMPILED = None
@@ -209,8 +212,8 @@ class CompiledStep:
             for tensor in rows.tensors():
                 torch._dynamo.mark_dynamic(tensor, 0)
         graphs, began = compiled_graphs(), time.perf_counter()
-        logits = compiled_function()(*rows.tensors(), self.weights.packed, self.pool.keys, self.pool.values, self.shape,
-                                     self.native)
+        logits = compiled_function()(*rows.tensors(), self.weights.packed, self.weights.pack_id, self.pool.keys,
+                                     self.pool.values, self.shape, self.native)
         if compiled_graphs() > graphs:
             self.compiles += compiled_graphs() - graphs
             self.compile_s += time.perf_counter() - began
