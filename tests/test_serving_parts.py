@@ -302,8 +302,11 @@ def test_the_steps_products_follow_the_weights_when_they_change():
     """The compiled step's products keep oneDNN's packed copies of the weights by the packed weights'
     pack_id (kvlab.serving.cpu_attention's kvlab::linear): weights changed in place between two runs of
     one engine (a training step, a load_state_dict) are packed again, and every token of the second run
-    is `generate`'s with the new weights; rows of 4 and more take oneDNN's product, fewer MKL's."""
-    model = tiny_model(seed=3)
+    is `generate`'s with the new weights. Its LM head is wide enough (1,100) for oneDNN's product at 4
+    rows, which the four requests decode together."""
+    from helpers import random_model
+
+    model = random_model(3, vocab_size=1100, hidden_size=64, num_hidden_layers=2)
     engine = ServingEngine(model, ServingConfig(num_blocks=64))
     prompts = prompts_of([9, 12, 7, 15], seed=5)
     params = SamplingParams(max_tokens=6, eos_token_id=None, **GREEDY)
@@ -311,7 +314,7 @@ def test_the_steps_products_follow_the_weights_when_they_change():
     for change in range(2):
         if change:
             with torch.no_grad():
-                model.load_state_dict(tiny_model(seed=4).state_dict())
+                model.load_state_dict(random_model(4, vocab_size=1100, hidden_size=64, num_hidden_layers=2).state_dict())
         ids = [engine.add_request(prompt, params) for prompt in prompts]
         outputs = {output.request_id: output for output in engine.run().outputs}
         served.append([outputs[i].samples for i in ids])
@@ -325,13 +328,13 @@ def test_the_product_operator_is_f_linear():
     if not cpu_attention.usable(torch.empty(1, 16, 2, 32)):
         pytest.skip("no C++ compiler built kvlab.serving.cpu_attention's operators")
     generator = torch.Generator().manual_seed(0)
-    buffer = torch.randn(3 * 96 * 40, generator=generator)
-    weight = buffer[96 * 40:2 * 96 * 40].view(96, 40)  # a view inside a larger buffer, as the packed weights
+    buffer = torch.randn(3 * 1100 * 40, generator=generator)
+    weight = buffer[1100 * 40:2 * 1100 * 40].view(1100, 40)  # a view inside a larger buffer, as packed weights
     pack_id = torch.tensor(10 ** 9)  # far from the ids PackedWeights hands out in this process
     for rows in (1, 2, 3, 4, 37, 300):
         x = torch.randn(rows, 1, 40, generator=generator)
         got = torch.ops.kvlab.linear(x, weight, pack_id)
-        assert got.shape == (rows, 1, 96)
+        assert got.shape == (rows, 1, 1100)
         if rows < 4:
             assert torch.equal(got, torch.nn.functional.linear(x, weight))
         else:

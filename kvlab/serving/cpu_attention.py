@@ -337,11 +337,16 @@ static at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& keys
 
 /* The operator torch.ops.kvlab.linear: x @ weight.T, as F.linear, for the compiled step's products
    with the packed weights (views of one buffer, whose contents `pack_id` names: a number no other copy
-   into packed weights had in this process). From MIN_ROWS rows on, oneDNN's product on its own packed
-   copy of the weight (`mkldnn::_reorder_linear_weight`, made once per weight and pack_id, kept here),
-   8-13% faster than MKL's at this model's shapes; below, where oneDNN's bits differ from MKL's and it
-   is no faster, MKL's product as before. */
-static const int64_t MIN_ROWS = 4;
+   into packed weights had in this process). From 4 rows on, oneDNN's product on its own packed copy of
+   the weight (`mkldnn::_reorder_linear_weight`, made once per weight and pack_id, kept here); below,
+   where oneDNN's bits differ from MKL's, MKL's product as before. Alone, with the weights out of
+   cache, oneDNN's call costs some 10-15 us more, so small products lose (q/k/v and o at 37 rows) and
+   wide ones win (the LM head from 4 rows, gate/up from some 48); in the engine's run oneDNN from 4 rows
+   on for every product measured 2-3% faster than only where it wins alone (one process, alternating). */
+static bool onednn_pays(int64_t rows, int64_t width) {
+  (void)width;
+  return rows >= 4;
+}
 
 struct PackedWeight {
   int64_t rows, cols;
@@ -352,7 +357,7 @@ static const size_t KEPT_PACKS = 4;  /* the packed weights whose copies are kept
 
 static at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& pack_id) {
   const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
-  if (M < MIN_ROWS || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat || !x.is_cpu())
+  if (!onednn_pays(M, N) || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat || !x.is_cpu())
     return at::matmul(x, weight.t());
   static std::mutex lock;
   /* by pack_id, then by where the weight lies; `recent`: the pack_ids kept, the last used last */
