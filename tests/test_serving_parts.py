@@ -300,7 +300,7 @@ def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eager
 
 def test_the_steps_products_follow_the_weights_when_they_change():
     """The compiled step's products keep oneDNN's packed copies of the weights by the packed weights'
-    pack_id (kvlab.serving.cpu_attention's kvlab::linear): weights changed in place between two runs of
+    pack_id (kvlab.serving.cpu_linear's kvlab::linear): weights changed in place between two runs of
     one engine (a training step, a load_state_dict) are packed again, and every token of the second run
     is `generate`'s with the new weights. Its LM head is wide enough (1,100) for oneDNN's product at 4
     rows, which the four requests decode together."""

@@ -1,7 +1,7 @@
 """The compiled step's C++ operators on a CPU: its paged attention, as one C++ function (for each row,
 its query heads against the positions 0 .. its position, read block by block through its pairs, in
-one pass over the keys and one over the values), and its products with the weights
-(`torch.ops.kvlab.linear`, at the end).
+one pass over the keys and one over the values), and, built into the same library, its products
+with the weights (kvlab.serving.cpu_linear).
 
 `kvlab.serving.paged_attention.block_attention` says the same in torch: inductor turns it into loops
 that score a (row, block) pair a position at a time, compute every score twice (once for the row's
@@ -20,18 +20,6 @@ Measured on this project's machine (1 thread, 64 rows of 30 to 300 positions, th
 heads, blocks scattered through the pool, the weights' products' traffic between layers): 0.39-0.43 ms
 a layer, against 0.98 ms without asking for the next blocks ahead and 0.9-1.0 ms for `block_attention`
 compiled (docs/serving.md, "Then: a C++ attention").
-
-`kvlab.linear(x, weight, pack_id)` is F.linear for the step's products with its packed weights: from
-4 rows on, oneDNN's product (`mkldnn::_linear_pointwise`) on oneDNN's own packed copy of the weight
-(`mkldnn::_reorder_linear_weight`), made at a weight's first use and kept by the packed weights'
-`pack_id` (kvlab.engine.step.PackedWeights: a number no other copy into packed weights had in this
-process, so changed weights are packed again; the copies of the last four pack_ids are kept). Measured
-alone on this project's machine: 8-13% faster than MKL's at 500 rows; at 37-64 rows from 7% slower
-(q/k/v) to 18% faster (the LM head); MKL's very bits where the inner size is 128. In the engine's run
-of 64 requests, 6% shorter (one process, alternating), the same tokens.
-Below 4 rows, where oneDNN's bits differ and it is no faster, MKL's product, as before. Its packed
-weight is an opaque tensor, which inductor cannot take as an input; through this operator it never
-enters the graph.
 
 It is built once per machine with the C++ compiler inductor uses, against this torch's headers
 (`-O3 -march=native`, some 7 s), kept in the temporary directory under a name holding the hash of the
@@ -54,18 +42,15 @@ from pathlib import Path
 
 import torch
 
+from kvlab.serving import cpu_linear
+
 SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 #include <vector>
-#include <algorithm>
-#include <mutex>
-#include <unordered_map>
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/matmul.h>
 #include <torch/library.h>
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -335,78 +320,14 @@ static at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& keys
   return out;
 }
 
-/* The operator torch.ops.kvlab.linear: x @ weight.T, as F.linear, for the compiled step's products
-   with the packed weights (views of one buffer, whose contents `pack_id` names: a number no other copy
-   into packed weights had in this process). From 4 rows on, oneDNN's product on its own packed copy of
-   the weight (`mkldnn::_reorder_linear_weight`, made once per weight and pack_id, kept here); below,
-   where oneDNN's bits differ from MKL's, MKL's product as before. Alone, with the weights out of
-   cache, oneDNN's call costs some 10-15 us more, so small products lose (q/k/v and o at 37 rows) and
-   wide ones win (the LM head from 4 rows, gate/up from some 48); in the engine's run oneDNN from 4 rows
-   on for every product measured 2-3% faster than only where it wins alone (one process, alternating). */
-static bool onednn_pays(int64_t rows, int64_t width) {
-  (void)width;
-  return rows >= 4;
-}
-
-struct PackedWeight {
-  int64_t rows, cols;
-  at::Tensor packed;
-};
-
-static const size_t KEPT_PACKS = 4;  /* the packed weights whose copies are kept: the last used */
-
-static at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& pack_id) {
-  const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
-  if (!onednn_pays(M, N) || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat || !x.is_cpu())
-    return at::matmul(x, weight.t());
-  static std::mutex lock;
-  /* by pack_id, then by where the weight lies; `recent`: the pack_ids kept, the last used last */
-  static std::unordered_map<int64_t, std::unordered_map<const void*, PackedWeight>> kept;
-  static std::vector<int64_t> recent;
-  static auto reorder = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")
-      .typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
-  static auto product = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
-                        c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
-  const int64_t id = *pack_id.data_ptr<int64_t>();
-  at::Tensor packed;
-  {
-    std::lock_guard<std::mutex> guard(lock);
-    if (recent.empty() || recent.back() != id) {
-      auto at_ = std::find(recent.begin(), recent.end(), id);
-      if (at_ != recent.end()) {
-        recent.erase(at_);
-      } else if (recent.size() == KEPT_PACKS) {  /* the least recently used packed weights' copies go */
-        kept.erase(recent.front());
-        recent.erase(recent.begin());
-      }
-      recent.push_back(id);
-    }
-    PackedWeight& slot = kept[id][weight.data_ptr()];
-    if (!slot.packed.defined() || slot.rows != N || slot.cols != K) {
-      slot.packed = reorder.call(weight.contiguous(), 64);
-      slot.rows = N;
-      slot.cols = K;
-    }
-    packed = slot.packed;
-  }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  return product.call(x.reshape({M, K}).contiguous(), packed, std::nullopt, "none",
-                      c10::List<std::optional<at::Scalar>>(), std::nullopt).view(shape);
-}
-
 TORCH_LIBRARY(kvlab, m) {
   m.def("paged_attention(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor pair_rows, "
         "Tensor pair_blocks) -> Tensor");
-  m.def("linear(Tensor x, Tensor weight, Tensor pack_id) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(kvlab, CPU, m) {
-  m.impl("paged_attention", &paged_attention_op);
-  m.impl("linear", &linear_op);
-}
+TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("paged_attention", &paged_attention_op); }
 """
+LIBRARY_SOURCE = SOURCE + cpu_linear.SOURCE  # one library: one build, one load, one namespace (kvlab)
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"]
 
 
@@ -434,7 +355,7 @@ def cpu_flags() -> str:
 
 def library_path(compiler: str) -> Path:
     """Where the built library lives: the temporary directory, named by the source, flags, compiler and CPU."""
-    key = "\n".join([SOURCE, *FLAGS, *torch_flags(), torch.__version__, compiler, os.uname().machine, cpu_flags()])
+    key = "\n".join([LIBRARY_SOURCE, *FLAGS, *torch_flags(), torch.__version__, compiler, os.uname().machine, cpu_flags()])
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"kvlab_kernels_{os.getuid()}" / f"paged_attention_{key}.so"
 
@@ -448,7 +369,7 @@ def build(compiler: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as work:
         source, built = Path(work) / "paged_attention.cpp", Path(work) / path.name
-        source.write_text(SOURCE, encoding="utf-8")
+        source.write_text(LIBRARY_SOURCE, encoding="utf-8")
         subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), *torch_flags()], check=True,
                        capture_output=True, text=True)
         os.replace(built, path)
@@ -468,7 +389,7 @@ def library() -> bool:
                 if compiler:
                     torch.ops.load_library(str(build(compiler)))
                     torch.library.register_fake("kvlab::paged_attention")(_shape)
-                    torch.library.register_fake("kvlab::linear")(_linear_shape)
+                    torch.library.register_fake("kvlab::linear")(cpu_linear.traced_shape)
                     _LOADED = True
             except (OSError, RuntimeError, subprocess.CalledProcessError) as error:
                 said = (getattr(error, "stderr", None) or str(error)).strip()
@@ -481,11 +402,6 @@ def library() -> bool:
 def _shape(q, keys, values, positions, pair_rows, pair_blocks):
     """The operator's result as the compiler traces it: (N, 1, H * D)."""
     return q.new_empty(q.shape[0], 1, q.shape[2] * q.shape[3])
-
-
-def _linear_shape(x, weight, pack_id):
-    """kvlab::linear's result as the compiler traces it: x's shape, its last size the weight's rows."""
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def usable(pool_keys: torch.Tensor) -> bool:
