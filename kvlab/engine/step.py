@@ -237,7 +237,7 @@ class PackedWeights:
         self._parameters = list(model.parameters())  # listed once: walking the modules costs 2 ms
         self._packed_from = None
 
-    def _version(self) -> tuple:
+    def _version(self) -> list[tuple[int, int]]:
         """Where each of the model's weights lies and how often it was changed in place."""
         return [(tensor.data_ptr(), tensor._version) for tensor in self._parameters]
 

@@ -32,10 +32,7 @@ SOURCE = r"""
    cache, oneDNN's call costs some 10-15 us more, so small products lose (q/k/v and o at 37 rows) and
    wide ones win (the LM head from 4 rows, gate/up from some 48); in the engine's run oneDNN from 4 rows
    on for every product measured 2-3% faster than only where it wins alone (one process, alternating). */
-static bool onednn_pays(int64_t rows, int64_t width) {
-  (void)width;
-  return rows >= 4;
-}
+static const int64_t MIN_ROWS = 4;
 
 struct PackedWeight {
   int64_t rows, cols;
@@ -46,7 +43,7 @@ static const size_t KEPT_PACKS = 4;  /* the packed weights whose copies are kept
 
 static at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& pack_id) {
   const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
-  if (!onednn_pays(M, N) || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat || !x.is_cpu())
+  if (M < MIN_ROWS || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat || !x.is_cpu())
     return at::matmul(x, weight.t());
   static std::mutex lock;
   /* by pack_id, then by where the weight lies; `recent`: the pack_ids kept, the last used last */

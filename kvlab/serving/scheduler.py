@@ -134,8 +134,7 @@ class Scheduler:
         while index < len(self.running):
             request = self.running[index]
             start = request.num_computed
-            if (request.n == 1 and start >= request.prompt_len and budget >= 1
-                    and start + 1 == request.prompt_len + len(request.rows[0].new_tokens)
+            if (request.n == 1 and start >= request.prompt_len and budget >= 1 and start + 1 == request.num_known
                     and self.blocks.append_position(request, start)):
                 # one row decoding (most pieces): its piece and block in short; without a free block, below
                 plan.pieces.append(Piece(request, start, 1, [0]))
