@@ -299,11 +299,11 @@ def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eager
 
 
 def test_the_steps_products_follow_the_weights_when_they_change():
-    """The compiled step's products keep oneDNN's packed copies of the weights by the packed weights'
+    """The compiled step's products keep their copies of the weights in panels by the packed weights'
     pack_id (kvlab.serving.cpu_linear's kvlab::linear): weights changed in place between two runs of
     one engine (a training step, a load_state_dict) are packed again, and every token of the second run
-    is `generate`'s with the new weights. Its LM head is wide enough (1,100) for oneDNN's product at 4
-    rows, which the four requests decode together."""
+    is `generate`'s with the new weights. The four requests decode together: 4 rows, the operator's
+    own product (an LM head of 1,100 outputs: 34 panels and a part)."""
     from helpers import random_model
 
     model = random_model(3, vocab_size=1100, hidden_size=64, num_hidden_layers=2)
@@ -323,15 +323,17 @@ def test_the_steps_products_follow_the_weights_when_they_change():
 
 
 def test_the_product_operator_is_f_linear():
-    """kvlab::linear against F.linear: MKL's very product below 4 rows; oneDNN's from 4 rows on, within
-    a float's rounding; a new pack_id for new contents of the same buffer gives the new product."""
+    """kvlab::linear against F.linear: MKL's very product below 4 rows; its own from 4 rows on, within
+    a float's rounding, for whole tiles of rows and the rest (8 rows a tile, 32 or 16 outputs a panel:
+    1,100 outputs leave part of a panel); a new pack_id for new contents of the same
+    buffer gives the new product."""
     if not cpu_attention.usable(torch.empty(1, 16, 2, 32)):
         pytest.skip("no C++ compiler built kvlab.serving.cpu_attention's operators")
     generator = torch.Generator().manual_seed(0)
     buffer = torch.randn(3 * 1100 * 40, generator=generator)
     weight = buffer[1100 * 40:2 * 1100 * 40].view(1100, 40)  # a view inside a larger buffer, as packed weights
     pack_id = torch.tensor(10 ** 9)  # far from the ids PackedWeights hands out in this process
-    for rows in (1, 2, 3, 4, 37, 300):
+    for rows in (1, 2, 3, 4, 8, 13, 37, 300):
         x = torch.randn(rows, 1, 40, generator=generator)
         got = torch.ops.kvlab.linear(x, weight, pack_id)
         assert got.shape == (rows, 1, 1100)
@@ -345,3 +347,4 @@ def test_the_product_operator_is_f_linear():
     x = torch.randn(8, 40, generator=generator)
     assert torch.allclose(torch.ops.kvlab.linear(x, weight, pack_id), torch.nn.functional.linear(x, weight),
                           rtol=1e-5, atol=1e-5)
+

@@ -126,7 +126,7 @@ class ModelWeights(NamedTuple):
     sin: torch.Tensor
     # what the packed weights hold, a number no other copy into any packed weights has had in this
     # process (PackedWeights.pack_id); given, the products go through kvlab.serving.cpu_linear's
-    # `kvlab::linear` on oneDNN's packed copies, which it keeps by this number (see `linear`)
+    # `kvlab::linear` on its copies of the weights in panels, which it keeps by this number (see `linear`)
     pack_id: torch.Tensor | None = None
 
 
@@ -273,8 +273,8 @@ def stored(x: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan, pack_id: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis, of x stored;
-    with a `pack_id` (ModelWeights.pack_id), by kvlab.serving.cpu_linear's operator (oneDNN on its
-    packed copy of the weight from 4 rows on, MKL's product as F.linear's below)."""
+    with a `pack_id` (ModelWeights.pack_id), by kvlab.serving.cpu_linear's operator (its own product on
+    a copy of the weight in panels from 4 rows on, MKL's product as F.linear's below)."""
     if plan.rowwise_matmul:
         return (stored(x).unsqueeze(-2) * weight).sum(-1)
     if pack_id is not None:

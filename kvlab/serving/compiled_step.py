@@ -20,7 +20,7 @@ kvlab.serving.cpu_attention's C++ kernel, called from the graph as a custom oper
 kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows the
 (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
 rows that draw. Each product with the weights is one for all the step's rows: with the C++ operators,
-`kvlab::linear` (oneDNN's product on its packed copy of the weight from 4 rows on, MKL's below);
+`kvlab::linear` (a product of its own on a copy of the weight in panels from 4 rows on, MKL's below);
 elsewhere the BLAS library's. The next-token choice stays eager (kvlab.engine.sampling), as in the fast path.
 
 What it gives up: bits. `generate` alone computes its products over other row counts and its
@@ -148,7 +148,7 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
 def packed_step_logits(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows, packed,
                        pack_id, pool_keys, pool_values, shape: step.Shape, native: bool) -> torch.Tensor:
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty); with
-    the C++ operators (`native`), the products on oneDNN's copies of them, kept by `pack_id`."""
+    the C++ operators (`native`), the products on kvlab::linear's copies of them, kept by `pack_id`."""
     rows = StepRows(token_ids, positions, slots, pair_rows, pair_blocks, pair_starts, logit_rows)
     weights = step.unpack(packed, shape, PLAN, pack_id if native else None)
     return step_logits(rows, weights, pool_keys, pool_values, shape, native)
