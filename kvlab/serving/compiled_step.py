@@ -77,7 +77,7 @@ class StepRows:
     pair_starts = property(lambda self: self.per_pair[2])
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.per_row, self.per_pair, self.logit_rows
+        return tuple(tensor for tensor, _ in self.symbolic())
 
     def symbolic(self) -> tuple[tuple[torch.Tensor, int], ...]:
         """Each tensor with its symbolic (row or pair) dimension."""

@@ -117,9 +117,6 @@ static at::Tensor to_panels(const at::Tensor& weight) {
     for (int64_t k = 0; k < K; ++k) to[(n / NR) * K * NR + k * NR + n % NR] = from[n * K + k];
   return panels;
 }
-#else
-#define KVLAB_PANELS 0
-#endif
 
 struct Panels {
   int64_t rows, cols;
@@ -127,6 +124,9 @@ struct Panels {
 };
 
 static const size_t KEPT_PACKS = 4;  /* the packed weights whose copies are kept: the last used */
+#else
+#define KVLAB_PANELS 0
+#endif
 
 static at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& pack_id) {
   const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;

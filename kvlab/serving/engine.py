@@ -267,9 +267,9 @@ class ServingEngine:
 
     def chunk(self, piece: Piece, draws: bool) -> Chunk:
         request, start = piece.request, piece.start
-        if piece.length == 1 and start >= request.prompt_len and piece.rows == [0]:  # one row decoding
-            row = request.rows[0]
-            return Chunk([[row.new_tokens[start - request.prompt_len]]], start, [row.block_table], wants_logits=draws)
+        if piece.rows == [0]:  # one row (most pieces): without the comprehensions
+            return Chunk([request.token_ids(0, start, piece.end)], start, [request.rows[0].block_table],
+                         wants_logits=draws)
         ids = [request.token_ids(row, start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
         return Chunk(ids, start, tables, wants_logits=draws)
