@@ -89,6 +89,34 @@ def test_one_compiled_step_serves_every_size_without_recompiling(model):
     assert mismatches(model, result, requests) == []
 
 
+def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model):
+    """After the warm-up the step calls the code dynamo made (no guards run): for steps of every kind
+    (one decode row, many, prompt chunks beside decode rows, contexts over several blocks) the same
+    inputs through torch.compile, guards and all, compile nothing new and give the same logits, bit
+    for bit."""
+    from kvlab.serving.compiled_step import compiled_function, compiled_graphs, step_rows
+
+    engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=6))
+    engine.warm_up()
+    step = engine.runner.compiled
+    graphs, size = compiled_graphs(), engine.pool.block_size
+    steps = [
+        [([7], 0, [0], True)],
+        [([7], 5, [0], True), ([9], 40, [1, 2, 3], True), ([4], 17, [4, 5], True)],
+        [(list(range(3, 3 + 2 * size + 3)), 0, [6, 7, 8], True), ([5], 12, [9], True)],
+        [(list(range(3, 12)), 20, [10, 11], False), ([5], 2, [12], True)],
+    ]
+    for pieces in steps:
+        direct = step(pieces)
+        assert step.direct is not None, "the step did not call dynamo's code directly"
+        with torch.inference_mode():  # as the step builds its rows
+            rows = step_rows(pieces, size, engine.pool.scratch_block, "cpu")
+            guarded = compiled_function()(*rows.tensors(), step.weights.packed, step.weights.pack_id, engine.pool.keys,
+                                          engine.pool.values, step.shape, step.native)
+        assert torch.equal(direct, guarded[:len(direct)]), pieces
+    assert compiled_graphs() == graphs
+
+
 SAMPLED = [
     dict(temperature=0.7, top_p=0.9, top_k=0),
     dict(temperature=1.3, top_p=1.0, top_k=20),

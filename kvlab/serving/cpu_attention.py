@@ -148,20 +148,23 @@ static inline void prefetch_ahead(const float* keys, const float* values, int64_
 /* One row, every head at once (head dim D, G query heads a K/V head, KV K/V heads): a pass over its
    blocks for the scores, each block's positions read whole (all K/V heads side by side), then the
    softmax of each query head's line, then a pass for the values. The blocks lie anywhere in the
-   pool: the next block's keys and this block's values are asked for while this block is computed. */
+   pool: the next block's keys and this block's values are asked for while this block is computed, unless
+   the previous row read the same blocks (`read_before`: a prompt's rows, whose blocks are cached by now). */
 template <int D, int G, int KV>
 static void attend_row(const float* __restrict__ q, const float* __restrict__ keys,
                        const float* __restrict__ values, const int64_t* __restrict__ blocks, int64_t length,
                        int64_t bs, float root, float* __restrict__ scratch, float* __restrict__ out,
-                       const int64_t* next_blocks, int64_t next_count) {
+                       const int64_t* next_blocks, int64_t next_count, bool read_before) {
   constexpr int L = D / 8, H = KV * G;
   constexpr int64_t stride = KV * D;
   int64_t t = 0, b = 0;
   for (; t < length; ++b) {
     const float* __restrict__ block = keys + blocks[b] * bs * stride;
     const int64_t n = length - t < bs ? length - t : bs;
-    if (t + n < length) prefetch_block(keys + blocks[b + 1] * bs * stride, bs, stride);
-    prefetch_block(values + blocks[b] * bs * stride, n, stride);
+    if (!read_before) {
+      if (t + n < length) prefetch_block(keys + blocks[b + 1] * bs * stride, bs, stride);
+      prefetch_block(values + blocks[b] * bs * stride, n, stride);
+    }
     if (b < next_count) prefetch_ahead(keys, values, next_blocks[b], bs * stride);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8, t += 8) {  /* eight positions' products, summed lane-wise in one go */
@@ -263,6 +266,7 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
   static thread_local std::vector<float> lines;  /* a row's scores, G lines of its length */
   const int64_t G = H / KV, stride = KV * D;
   int64_t first = 0, last = 0;  /* this row's pairs: first .. last - 1 */
+  int64_t previous_first = -1;  /* the first block the previous row read */
   while (last < P && pair_rows[last] == 0) ++last;
   for (int64_t row = 0; row < N; ++row) {
     const int64_t length = positions[row] + 1;
@@ -274,20 +278,22 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
     const int64_t* next_blocks = pair_blocks + last;
     /* a prompt's next row reads the same blocks, cached by now: nothing to ask for */
     const int64_t next_count = next_end > last && next_blocks[0] != blocks[0] ? next_end - last : 0;
+    const bool read_before = blocks[0] == previous_first;  /* the previous row's blocks (a prompt's) */
+    previous_first = blocks[0];
     const float* qr = q + row * H * D;
     float* orow = out + row * H * D;
     if (D == 32 && G == 2 && KV == 2)  /* the lab's model */
       attend_row<32, 2, 2>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
-                              next_count);
+                              next_count, read_before);
     else if (D == 64 && G == 4 && KV == 2)  /* MiniMind2's 512 and 768 wide models */
       attend_row<64, 4, 2>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
-                              next_count);
+                              next_count, read_before);
     else if (D == 64 && G == 2 && KV == 4)
       attend_row<64, 2, 4>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
-                              next_count);
+                              next_count, read_before);
     else if (D == 128 && G == 4 && KV == 2)
       attend_row<128, 4, 2>(qr, keys, values, blocks, length, bs, root, scratch, orow, next_blocks,
-                              next_count);
+                              next_count, read_before);
     else
       for (int64_t h = 0; h < KV; ++h)
         attend(qr + h * G * D, keys + h * D, values + h * D, blocks, length, bs, stride, root, scratch,
