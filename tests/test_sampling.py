@@ -103,7 +103,8 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
     """`greedy_choice` (the serving engine's pick for plain greedy requests, rows of other temperatures
     in one call) against `next_token` row by row under the same knobs: logits a last bit apart, which a
     temperature's division can make equal (then the first wins), ties, infinities, NaN. A choice that
-    multiplied by 1 / temperature, skipped the division or took the last of equals fails here."""
+    multiplied by 1 / temperature, skipped the division or took the last of equals fails here; so does
+    `greedy_picks`, the same rule in torch that the compiled steps make."""
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16)))
     logits = (torch.randn(rows, vocab, generator=generator) * 4).to(dtype)
     for row in range(rows):  # the largest and the float just above it, the larger placed first or after
@@ -123,3 +124,5 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
     assert sampling.greedy_choice(logits, temperatures) == expected
     strided = torch.stack([logits, logits], dim=-1)[..., 0]  # the same values, a view with a stride of 2
     assert sampling.greedy_choice(strided, temperatures) == expected
+    # the compiled steps' rule, in torch (the serving step's per row, generate's fast step's for all rows)
+    assert sampling.greedy_picks(logits, torch.tensor(temperatures, dtype=dtype)[:, None]).tolist() == expected

@@ -93,7 +93,7 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
     """After the warm-up the step calls the code dynamo made (no guards run): for steps of every kind
     (one decode row, many, prompt chunks beside decode rows, contexts over several blocks) the same
     inputs through torch.compile, guards and all, compile nothing new and give the same logits, bit
-    for bit."""
+    for bit; its greedy picks are `greedy_choice`'s at each row's temperature."""
     from kvlab.serving.compiled_step import compiled_function, compiled_graphs, step_rows
 
     engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=6))
@@ -107,13 +107,15 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
         [(list(range(3, 12)), 20, [10, 11], False), ([5], 2, [12], True)],
     ]
     for pieces in steps:
-        direct = step(pieces)
+        temperatures = [0.85, 0.3, 1.7][:sum(wants for *_, wants in pieces)]
+        logits, picks = step(pieces, temperatures)
         assert step.direct is not None, "the step did not call dynamo's code directly"
         with torch.inference_mode():  # as the step builds its rows
-            rows = step_rows(pieces, size, engine.pool.scratch_block, "cpu")
-            guarded = compiled_function()(*rows.tensors(), step.weights.packed, step.weights.pack_id, engine.pool.keys,
-                                          engine.pool.values, step.shape, step.native)
-        assert torch.equal(direct, guarded[:len(direct)]), pieces
+            rows = step_rows(pieces, size, engine.pool.scratch_block, "cpu", temperatures)
+            guarded, _ = compiled_function()(*rows.tensors(), step.weights.packed, step.weights.pack_id,
+                                             engine.pool.keys, engine.pool.values, step.shape, step.native)
+        assert torch.equal(logits, guarded[:len(logits)]), pieces
+        assert picks.tolist() == sampling.greedy_choice(logits, temperatures), pieces
     assert compiled_graphs() == graphs
 
 

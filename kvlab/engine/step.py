@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from kvlab.engine import sampling
 from kvlab.engine.model import MiniMindForCausalLM, apply_rope, rms_norm
 
 ATTENTIONS = ("repeat_kv", "grouped", "sdpa")
@@ -381,7 +382,7 @@ class GreedyStep(torch.nn.Module):
         layers = self.shape.layers
         logits = packed_step_logits(token_ids, position, padding_bias, packed, list(cache[:layers]),
                                     list(cache[layers:]), self.shape, self.plan)
-        return logits, torch.argmax(logits / temperature, dim=-1, keepdim=True)
+        return logits, sampling.greedy_picks(logits, temperature, keepdim=True)
 
 
 def shape_of(model: MiniMindForCausalLM, cache_length: int) -> Shape:

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine import fast, step
+from kvlab.engine import fast, sampling, step
 from kvlab.engine.model import MiniMindForCausalLM, rms_norm
 from kvlab.serving import cpu_attention
 from kvlab.serving.block_pool import BlockPool
@@ -69,10 +69,11 @@ NO_COMPILER = ("ServingConfig.compile: no C++ compiler found (torch.compile need
 
 @dataclass
 class StepRows:
-    """A step's rows as the compiled step reads them, in three tensors: `per_row` (3, N), each row's
+    """A step's rows as the compiled step reads them, in four tensors: `per_row` (3, N), each row's
     `token_ids`, `positions` and `slots` (block x block_size + offset, where its K and V go);
     `per_pair` (3, P), each (row, block) pair's `pair_rows`, `pair_blocks` and `pair_starts`;
-    `logit_rows` (R), the rows whose logits are wanted. Stacked so that the compiled step has one
+    `logit_rows` (R), the rows whose logits are wanted, and `temperatures` (R), each one's temperature
+    for its greedy pick (1 where it is not plain greedy). Stacked so that the compiled step has one
     symbolic size for N and one for P: each size is read from its tensor and handed to the compiled
     code on every call (with the pool's sizes said equal, 5 sizes instead of 14: a two-row step's call
     443 -> 388 µs)."""
@@ -80,6 +81,7 @@ class StepRows:
     per_row: torch.Tensor
     per_pair: torch.Tensor
     logit_rows: torch.Tensor
+    temperatures: torch.Tensor
 
     token_ids = property(lambda self: self.per_row[0])
     positions = property(lambda self: self.per_row[1])
@@ -93,7 +95,7 @@ class StepRows:
 
     def symbolic(self) -> tuple[tuple[torch.Tensor, int], ...]:
         """Each tensor with its symbolic (row or pair) dimension."""
-        return (self.per_row, 1), (self.per_pair, 1), (self.logit_rows, 0)
+        return (self.per_row, 1), (self.per_pair, 1), (self.logit_rows, 0), (self.temperatures, 0)
 
 
 def ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,10 +105,11 @@ def ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: int, scratch_block: int,
-              device) -> StepRows:
+              device, temperatures: list[float] | None = None, dtype: torch.dtype = torch.float32) -> StepRows:
     """The rows of a step's pieces, each (token ids, start, block table, wants its last logits): one row
     per position a piece feeds, at start, start + 1, ...; every row reads the blocks of its table up to
-    its own position. A step of one row gets a second on the scratch block; a step that wants one row's
+    its own position; `temperatures`, one per piece that wants logits (else 1), in `dtype`, the
+    logits'. A step of one row gets a second on the scratch block; a step that wants one row's
     logits (or none) gets the last row's again (MIN_SIZE). Built with NumPy from the pieces' lists laid
     end to end (each table once, however many rows read it): a step's thousand small integers cost
     less there than in a dozen tensor calls or a padded table."""
@@ -125,6 +128,8 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
         lengths.append(1)
         tables.append(scratch_block)
         table_lengths.append(1)
+    temperatures = list(temperatures) if temperatures is not None else [1.0] * len(logit_rows)
+    temperatures += [1.0] * max(0, MIN_SIZE - len(logit_rows))
     logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
     table_start = np.cumsum(table_lengths) - table_lengths  # where each piece's table begins in `tables`
     if len(token_ids) == len(starts):  # a row per piece (decoding): each row at its piece's start
@@ -138,7 +143,8 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
                         tables[row_table + at // block_size] * block_size + at % block_size))
     per_pair = np.stack((pair_rows, tables[row_table[pair_rows] + pair_index], pair_index * block_size))
     return StepRows(*(torch.from_numpy(array).to(device) for array in (per_row, per_pair,
-                                                                        np.array(logit_rows, dtype=np.int64))))
+                                                                        np.array(logit_rows, dtype=np.int64))),
+                    torch.tensor(temperatures, dtype=dtype, device=device))
 
 
 def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torch.Tensor],
@@ -168,17 +174,21 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
     return step.linear(last, weights.lm_head, PLAN, weights.pack_id)
 
 
-def packed_step_logits(per_row, per_pair, logit_rows, packed, pack_id, pool_keys, pool_values, shape: step.Shape,
-                       native: bool) -> torch.Tensor:
+def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pack_id, pool_keys, pool_values,
+                       shape: step.Shape, native: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty); with
     the C++ operators (`native`), the products on kvlab::linear's copies of them, kept by `pack_id`.
-    The pool's tensors are one size, said once (a symbolic size each would be one more to hand over
-    every call)."""
+    Returns the logits and each logit row's greedy pick (kvlab.engine.sampling.greedy_picks at its
+    temperature), made where the logits are still in the cache. The pool's tensors are one size, said
+    once (a symbolic size each would be one more to hand over every call), as are the logit rows and
+    their temperatures."""
     for tensor in (*pool_keys, *pool_values):
         torch._check(tensor.shape[0] == pool_keys[0].shape[0])
-    rows = StepRows(per_row, per_pair, logit_rows)
+    torch._check(temperatures.shape[0] == logit_rows.shape[0])
+    rows = StepRows(per_row, per_pair, logit_rows, temperatures)
     weights = step.unpack(packed, shape, PLAN, pack_id if native else None)
-    return step_logits(rows, weights, pool_keys, pool_values, shape, native)
+    logits = step_logits(rows, weights, pool_keys, pool_values, shape, native)
+    return logits, sampling.greedy_picks(logits, temperatures[:, None])
 
 
 _COMPILED = None
@@ -240,31 +250,35 @@ class CompiledStep:
         return True
 
     @torch.inference_mode()
-    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
+    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]],
+                 temperatures: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last logits of each piece that wants them, (R, V) in the pieces' order (see `step_rows`),
-        every piece's K and V written into its blocks."""
+        and each one's greedy pick (R) at its `temperatures` entry (1 if not given); every piece's K and
+        V written into its blocks."""
         wanted = sum(wants for *_, wants in pieces)
-        rows = step_rows(pieces, self.pool.block_size, self.pool.scratch_block, self.device)
+        rows = step_rows(pieces, self.pool.block_size, self.pool.scratch_block, self.device, temperatures,
+                         self.weights.packed.dtype)
         self.weights.refresh()
         self.calls += 1
         if not self.compiled:
-            return step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape,
-                               self.native)[:wanted]
+            logits = step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape, self.native)
+            return logits[:wanted], sampling.greedy_picks(logits, rows.temperatures[:, None])[:wanted]
         inputs = (*rows.tensors(), self.weights.packed, self.weights.pack_id, self.pool.keys, self.pool.values,
                   self.shape, self.native)
         if self.direct is None and self.key in _CODES:
             self.direct = types.FunctionType(_CODES[self.key], packed_step_logits.__globals__)
         if self.direct is not None:
-            return self.direct(*inputs)[:wanted]
+            logits, picks = self.direct(*inputs)
+            return logits[:wanted], picks[:wanted]
         if self.calls == 1:  # marked once: the compiled step's sizes are symbolic from then on (and marking costs)
             for tensor, dim in rows.symbolic():
                 torch._dynamo.mark_dynamic(tensor, dim)
         graphs, began = compiled_graphs(), time.perf_counter()
         _MADE.clear()
-        logits = compiled_function()(*inputs)
+        logits, picks = compiled_function()(*inputs)
         if compiled_graphs() > graphs:
             self.compiles += compiled_graphs() - graphs
             self.compile_s += time.perf_counter() - began
             if _MADE:
                 _CODES[self.key] = _MADE[0]
-        return logits[:wanted]
+        return logits[:wanted], picks[:wanted]

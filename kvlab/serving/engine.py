@@ -191,13 +191,13 @@ class ServingEngine:
                 drawing.append((request, list(range(offset, offset + len(piece.rows)))))
                 offset += len(piece.rows)
         forward_began = time.perf_counter()
-        logits = self.runner.forward(chunks)
+        logits, picks = self.runner.forward(chunks)
         forward_s = time.perf_counter() - forward_began
         fed = {"prefill": 0, "decode": 0}
         for piece in plan.pieces:
             self.count_fed(piece, fed)
             self.cached(piece)
-        self.draw(logits, drawing, updates)
+        self.draw(logits, picks, drawing, updates)
         for request, _ in drawing:
             if not request.unfinished_rows or request.num_new == request.params.max_tokens:
                 self.scheduler.finish(request)
@@ -266,13 +266,16 @@ class ServingEngine:
     # --- one piece -------------------------------------------------------------------------------
 
     def chunk(self, piece: Piece, draws: bool) -> Chunk:
+        """What the piece feeds; a plain greedy request's temperature goes with it (the compiled step's pick)."""
         request, start = piece.request, piece.start
+        params = request.params
+        temperature = params.temperature if draws and params.plain_greedy else 1.0
         if piece.rows == [0]:  # one row (most pieces): without the comprehensions
             return Chunk([request.token_ids(0, start, piece.end)], start, [request.rows[0].block_table],
-                         wants_logits=draws)
+                         draws, temperature)
         ids = [request.token_ids(row, start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
-        return Chunk(ids, start, tables, wants_logits=draws)
+        return Chunk(ids, start, tables, draws, temperature)
 
     def count_fed(self, piece: Piece, fed: dict) -> None:
         """Split a piece's positions: prompt or computed again (prefill), new (decode); count the recomputed."""
@@ -300,7 +303,7 @@ class ServingEngine:
         if not request.forked and request.num_computed == request.prompt_len:
             self.stats.blocks_saved_by_sharing += self.blocks.fork(request)
 
-    def draw(self, logits: torch.Tensor, drawing: list[tuple[Request, list[int]]],
+    def draw(self, logits: torch.Tensor, picks: torch.Tensor | None, drawing: list[tuple[Request, list[int]]],
              updates: dict[int, RequestUpdate]) -> None:
         """Every drawing request's next token per row from its rows of `logits` (a request of n > 1 whose
         shared prompt just ended has one row, which serves every sample), chosen as `generate` chooses
@@ -308,7 +311,10 @@ class ServingEngine:
         the global one), as `generate` draws its rows; the plain greedy requests' rows
         (kvlab.engine.sampling.plain_greedy: argmax(logits / temperature)) in one call for all, whatever
         their temperatures; other greedy requests with the same knobs and no repetition penalty in one
-        call for all their rows. Greedy choices draw nothing at random and treat each row apart."""
+        call for all their rows. Greedy choices draw nothing at random and treat each row apart. The
+        plain greedy rows take the compiled step's `picks` (the same division and argmax, made in the
+        step) where the logits are float32 or float64; in a narrower type the temperature would round
+        before the division, so there NumPy or torch choose here."""
         plain: list[tuple[Request, list[int]]] = []
         groups: dict[tuple, list[tuple[Request, list[int]]]] = {}
         for request, rows in drawing:
@@ -327,9 +333,13 @@ class ServingEngine:
                 self.take(request, tokens[:, 0].tolist(), updates)
         if plain:
             rows = [row for _, request_rows in plain for row in request_rows]
-            chosen = logits if rows == list(range(logits.shape[0])) else logits[rows]
-            tokens = sampling.greedy_choice(chosen, [request.params.temperature for request, request_rows in plain
-                                                     for _ in request_rows])
+            if picks is not None and logits.dtype in (torch.float32, torch.float64):
+                picked = picks.tolist()
+                tokens = picked if rows == list(range(len(picked))) else [picked[row] for row in rows]
+            else:
+                chosen = logits if rows == list(range(logits.shape[0])) else logits[rows]
+                tokens = sampling.greedy_choice(chosen, [request.params.temperature for request, request_rows in plain
+                                                         for _ in request_rows])
             self.take_each(plain, tokens, updates)
         for group in groups.values():
             rows = [row for _, request_rows in group for row in request_rows]

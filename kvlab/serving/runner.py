@@ -35,12 +35,14 @@ from kvlab.serving.paged_attention import block_index, paged_attention, slot_ids
 class Chunk:
     """What one request feeds in a step: `token_ids` (one list per row, each T long) at positions
     start .. start + T - 1 of each row, whose blocks are `tables` (one per row); `wants_logits` when a
-    draw follows."""
+    draw follows, and `temperature`, at which the compiled step makes its greedy pick of each row (the
+    request's, when its knobs are plain greedy)."""
 
     token_ids: list[list[int]]
     start: int
     tables: list[list[int]]
     wants_logits: bool
+    temperature: float = 1.0
 
     @property
     def rows(self) -> int:
@@ -76,15 +78,17 @@ class ModelRunner:
         self.fused = matmuls == "fused"
         self.compiled = CompiledStep(model, pool) if compile else None
 
-    @torch.inference_mode()
-    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+    def forward(self, chunks: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed every chunk; returns the last logits of every row of the chunks that want them, (R, V),
-        chunk after chunk."""
+        chunk after chunk, and the compiled step's greedy pick of each (R) at its chunk's temperature
+        (None the eager way)."""
         if self.compiled is None:
-            wanted = [logits for logits in self.eager(chunks) if logits is not None]
-            return torch.cat(wanted) if wanted else torch.empty(0, self.model.config.vocab_size)
+            with torch.inference_mode():
+                wanted = [logits for logits in self.eager(chunks) if logits is not None]
+            return (torch.cat(wanted) if wanted else torch.empty(0, self.model.config.vocab_size)), None
         return self.compiled([(ids, chunk.start, table, chunk.wants_logits)
-                              for chunk in chunks for ids, table in zip(chunk.token_ids, chunk.tables)])
+                              for chunk in chunks for ids, table in zip(chunk.token_ids, chunk.tables)],
+                             [chunk.temperature for chunk in chunks if chunk.wants_logits for _ in chunk.tables])
 
     # --- the eager way ---------------------------------------------------------------------------
 
