@@ -46,6 +46,7 @@ from __future__ import annotations
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -219,6 +220,20 @@ def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+_PACKED: "weakref.WeakKeyDictionary[MiniMindForCausalLM, dict]" = weakref.WeakKeyDictionary()
+
+
+def packed_weights_of(model: MiniMindForCausalLM, shape: step.Shape) -> step.PackedWeights:
+    """The model's packed weights for the serving step, made once per model and shape and shared by its
+    engines (as kvlab.engine.fast keeps its Decoders per model): a new engine on the same model copies
+    nothing again, nor does kvlab::linear lay the same weights out in panels again (3.5 ms of a
+    64-request round, measured); `refresh` still copies them in anew when one has changed."""
+    found = _PACKED.setdefault(model, {})
+    if shape not in found:
+        found[shape] = step.PackedWeights(model, shape, PLAN)
+    return found[shape]
+
+
 class CompiledStep:
     """A serving step's pieces through `step_logits`, compiled (where a C++ compiler is found) or eager.
     `compile_s` is the wall time of the calls that compiled, `compiles` how many graphs they made (1
@@ -228,7 +243,7 @@ class CompiledStep:
     def __init__(self, model: MiniMindForCausalLM, pool: BlockPool, compile: bool = True):
         self.pool = pool
         self.shape = step.shape_of(model, model.config.max_position_embeddings)
-        self.weights = step.PackedWeights(model, self.shape, PLAN)
+        self.weights = packed_weights_of(model, self.shape)
         self.device = model.lm_head.weight.device
         self.compiled = compile and self._compiler_found()
         self.native = self.compiled and cpu_attention.usable(pool.keys[0])  # the C++ attention
