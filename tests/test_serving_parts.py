@@ -214,6 +214,9 @@ def test_block_attention_is_minimind_attention_row_by_row():
     assert rows.pair_blocks.tolist() == [5, 2, 7, 0, 3, 11, 9, 1, 4, 6]
     assert rows.pair_starts.tolist() == [0, 4, 8, 12, 0, 0, 4, 8, 0, 4]
     assert rows.slots.tolist() == [0 * 4 + 1, 3 * 4 + 0, 1 * 4 + 2, 6 * 4 + 0]  # block x 4 + offset of each position
+    longer = [table + [10] if index == 1 else table for index, table in enumerate(tables)]  # a block not read yet
+    again = step_rows([([1], position, table, True) for position, table in zip(positions, longer)], 4, 8, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip((again.per_row, again.per_pair), (rows.per_row, rows.per_pair)))
     got = block_attention(q, keys, values, torch.tensor(positions), rows.pair_rows, rows.pair_blocks, rows.pair_starts)
     expected = reference_attention(q, keys, values, tables, positions)
     assert torch.allclose(got, expected, atol=1e-6, rtol=1e-5)

@@ -132,17 +132,28 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
     temperatures = list(temperatures) if temperatures is not None else [1.0] * len(logit_rows)
     temperatures += [1.0] * max(0, MIN_SIZE - len(logit_rows))
     logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
+    table_lengths = np.array(table_lengths, dtype=np.int64)
     table_start = np.cumsum(table_lengths) - table_lengths  # where each piece's table begins in `tables`
-    if len(token_ids) == len(starts):  # a row per piece (decoding): each row at its piece's start
+    rows = len(token_ids)
+    if rows == len(starts):  # a row per piece (decoding): each row at its piece's start
         at, row_table = np.array(starts, dtype=np.int64), table_start
     else:
         owner, offset = ragged(np.array(lengths, dtype=np.int64))  # each row's piece, and its place in it
         at, row_table = np.array(starts, dtype=np.int64)[owner] + offset, table_start[owner]  # its position, table
-    pair_rows, pair_index = ragged(at // block_size + 1)  # a pair per block a row reads: its row, which block
+    reads = at // block_size + 1  # the blocks a row reads: its table's first `reads`
     tables = np.array(tables, dtype=np.int64)
-    per_row = np.stack((np.array(token_ids, dtype=np.int64), at,
-                        tables[row_table + at // block_size] * block_size + at % block_size))
-    per_pair = np.stack((pair_rows, tables[row_table[pair_rows] + pair_index], pair_index * block_size))
+    per_row = np.empty((3, rows), dtype=np.int64)
+    per_row[0], per_row[1] = token_ids, at
+    per_row[2] = tables[row_table + reads - 1] * block_size + at % block_size
+    if rows == len(starts) and len(tables) == reads.sum():  # decoding, each table just the blocks read: the pairs
+        pairs = len(tables)
+        per_pair = np.empty((3, pairs), dtype=np.int64)
+        per_pair[0] = np.repeat(np.arange(rows), reads)
+        per_pair[1] = tables
+        per_pair[2] = (np.arange(pairs) - table_start[per_pair[0]]) * block_size
+    else:
+        pair_rows, pair_index = ragged(reads)  # a pair per block a row reads: its row, which block
+        per_pair = np.stack((pair_rows, tables[row_table[pair_rows] + pair_index], pair_index * block_size))
     return StepRows(*(torch.from_numpy(array).to(device) for array in (per_row, per_pair,
                                                                         np.array(logit_rows, dtype=np.int64))),
                     torch.tensor(temperatures, dtype=dtype, device=device))
