@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from kvlab.engine import sampling
 from kvlab.engine.sampling import top_p_keep
+from kvlab.serving import cpu_attention
 
 
 def brute_force_survivors(probs: list[float], p: float) -> int:
@@ -104,7 +105,9 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
     in one call) against `next_token` row by row under the same knobs: logits a last bit apart, which a
     temperature's division can make equal (then the first wins), ties, infinities, NaN. A choice that
     multiplied by 1 / temperature, skipped the division or took the last of equals fails here; so does
-    `greedy_picks`, the same rule in torch that the compiled steps make."""
+    `greedy_picks`, the same rule in torch that the compiled steps make, and kvlab::greedy_pick, the
+    serving step's in C++ (which divides only the logits near the largest: 3e38 over a temperature
+    below 1 overflows to infinity, a rounding tie it must find)."""
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16)))
     logits = (torch.randn(rows, vocab, generator=generator) * 4).to(dtype)
     for row in range(rows):  # the largest and the float just above it, the larger placed first or after
@@ -112,7 +115,7 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
         logits[row, at] = torch.nextafter(top, torch.tensor(float("inf"), dtype=dtype))
         if at > 0 and data.draw(st.booleans()):
             logits[row, at - 1] = logits[row, at] if data.draw(st.booleans()) else top
-    special = data.draw(st.sampled_from([None, float("inf"), float("-inf"), float("nan")]))
+    special = data.draw(st.sampled_from([None, float("inf"), float("-inf"), float("nan"), 3e38]))
     if special is not None:
         logits[0, data.draw(st.integers(0, vocab - 1))] = special
     temperatures = data.draw(st.lists(st.sampled_from([0.85, 0.7, 1.3, 1.0, 0.1, 2.0]), min_size=rows, max_size=rows))
@@ -126,3 +129,5 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
     assert sampling.greedy_choice(strided, temperatures) == expected
     # the compiled steps' rule, in torch (the serving step's per row, generate's fast step's for all rows)
     assert sampling.greedy_picks(logits, torch.tensor(temperatures, dtype=dtype)[:, None]).tolist() == expected
+    if dtype == torch.float32 and cpu_attention.library():  # and in C++ (kvlab.serving.cpu_greedy)
+        assert torch.ops.kvlab.greedy_pick(strided, torch.tensor(temperatures)).tolist() == expected

@@ -191,7 +191,8 @@ def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pack
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty); with
     the C++ operators (`native`), the products on kvlab::linear's copies of them, kept by `pack_id`.
     Returns the logits and each logit row's greedy pick (kvlab.engine.sampling.greedy_picks at its
-    temperature), made where the logits are still in the cache. The pool's tensors are one size, said
+    temperature; with the C++ operators, kvlab::greedy_pick), made where the logits are still in the
+    cache. The pool's tensors are one size, said
     once (a symbolic size each would be one more to hand over every call), as are the logit rows and
     their temperatures."""
     for tensor in (*pool_keys, *pool_values):
@@ -200,6 +201,8 @@ def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pack
     rows = StepRows(per_row, per_pair, logit_rows, temperatures)
     weights = step.unpack(packed, shape, PLAN, pack_id if native else None)
     logits = step_logits(rows, weights, pool_keys, pool_values, shape, native)
+    if native:  # the same picks in C++, dividing few logits (kvlab.serving.cpu_greedy)
+        return logits, torch.ops.kvlab.greedy_pick(logits, temperatures)
     return logits, sampling.greedy_picks(logits, temperatures[:, None])
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from kvlab.serving import cpu_linear
+from kvlab.serving import cpu_greedy, cpu_linear
 
 SOURCE = r"""
 #include <stdint.h>
@@ -333,7 +333,7 @@ TORCH_LIBRARY(kvlab, m) {
 
 TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("paged_attention", &paged_attention_op); }
 """
-LIBRARY_SOURCE = SOURCE + cpu_linear.SOURCE  # one library: one build, one load, one namespace (kvlab)
+LIBRARY_SOURCE = SOURCE + cpu_linear.SOURCE + cpu_greedy.SOURCE  # one library: one build, one load, one namespace
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"]
 
 
@@ -396,6 +396,7 @@ def library() -> bool:
                     torch.ops.load_library(str(build(compiler)))
                     torch.library.register_fake("kvlab::paged_attention")(_shape)
                     torch.library.register_fake("kvlab::linear")(cpu_linear.traced_shape)
+                    torch.library.register_fake("kvlab::greedy_pick")(cpu_greedy.traced_shape)
                     _LOADED = True
             except (OSError, RuntimeError, subprocess.CalledProcessError) as error:
                 said = (getattr(error, "stderr", None) or str(error)).strip()
