@@ -119,6 +119,18 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
     assert compiled_graphs() == graphs
 
 
+def test_each_architecture_gets_a_graph_of_its_own_and_calls_it_directly():
+    """Models of three architectures in one process (a test run, a lab comparing models): each engine's
+    step calls a graph compiled for its own architecture directly (not a generalised one found through
+    dynamo's guards), and every token is `generate`'s."""
+    for hidden in (32, 48, 80):
+        model = tiny_model(0, hidden_size=hidden)
+        requests = staggered(prompts_of((5, 9)), greedy(4))
+        result, engine = serve(model, ServingConfig(num_blocks=16, max_num_seqs=2), requests)
+        assert engine.runner.compiled.direct is not None, hidden
+        assert mismatches(model, result, requests) == [], hidden
+
+
 SAMPLED = [
     dict(temperature=0.7, top_p=0.9, top_k=0),
     dict(temperature=1.3, top_p=1.0, top_k=20),

@@ -21,7 +21,9 @@ kvlab.serving.paged_attention.block_attention, the same in torch: either way the
 (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
 rows that draw. Each product with the weights is one for all the step's rows: with the C++ operators,
 `kvlab::linear` (a product of its own on a copy of the weight in panels from 4 rows on, MKL's below);
-elsewhere the BLAS library's. The next-token choice stays eager (kvlab.engine.sampling), as in the fast path.
+elsewhere the BLAS library's. Each drawing row's greedy pick, argmax(logits / temperature), is made in
+the step too, as the fast path's step makes it (on a CPU `kvlab::greedy_pick`, kvlab.serving.cpu_greedy);
+every other choice stays eager (kvlab.engine.sampling).
 
 What it gives up: bits. `generate` alone computes its products over other row counts and its
 attention in another order, so the logits differ in their last bits (some 1e-6) and a token can
@@ -36,7 +38,10 @@ sizes from the tensors and calls the compiled graph), kept per architecture (`_C
 later step calls that code as a plain function: no frame evaluation and no guards, as vLLM's custom
 dispatcher does (its `TorchCompileWrapperWithCustomDispatcher`). What the guards would check cannot
 change within a `CompiledStep`: its architecture's numbers, its pool's and weights' shapes and dtypes
-are its key, and only the row, pair and logit-row counts vary, which the graph takes symbolically.
+are its key, and only the row, pair and logit-row counts vary, which the graph takes symbolically. So
+that each architecture has a graph, and a code, of its own, the call through `torch.compile` runs with
+dynamo's automatic dynamic shapes off (with them, a process's second architecture is compiled with its
+sizes made symbolic and serves every later one, whose steps then never learn which code is theirs).
 Measured in the 64-request run: dynamo's and AOT's Python around each call 120-138 µs a step in situ
 (docs/serving.md).
 """
@@ -77,7 +82,7 @@ class StepRows:
     for its greedy pick (1 where it is not plain greedy). Stacked so that the compiled step has one
     symbolic size for N and one for P: each size is read from its tensor and handed to the compiled
     code on every call (with the pool's sizes said equal, 5 sizes instead of 14: a two-row step's call
-    443 -> 388 µs)."""
+    443 -> 388 µs; the temperatures' one more)."""
 
     per_row: torch.Tensor
     per_pair: torch.Tensor
@@ -134,21 +139,21 @@ def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: 
     logit_rows += [len(token_ids) - 1] * max(0, MIN_SIZE - len(logit_rows))
     table_lengths = np.array(table_lengths, dtype=np.int64)
     table_start = np.cumsum(table_lengths) - table_lengths  # where each piece's table begins in `tables`
-    rows = len(token_ids)
-    if rows == len(starts):  # a row per piece (decoding): each row at its piece's start
+    count = len(token_ids)
+    if count == len(starts):  # a row per piece (decoding): each row at its piece's start
         at, row_table = np.array(starts, dtype=np.int64), table_start
     else:
         owner, offset = ragged(np.array(lengths, dtype=np.int64))  # each row's piece, and its place in it
         at, row_table = np.array(starts, dtype=np.int64)[owner] + offset, table_start[owner]  # its position, table
     reads = at // block_size + 1  # the blocks a row reads: its table's first `reads`
     tables = np.array(tables, dtype=np.int64)
-    per_row = np.empty((3, rows), dtype=np.int64)
+    per_row = np.empty((3, count), dtype=np.int64)
     per_row[0], per_row[1] = token_ids, at
     per_row[2] = tables[row_table + reads - 1] * block_size + at % block_size
-    if rows == len(starts) and len(tables) == reads.sum():  # decoding, each table just the blocks read: the pairs
+    if count == len(starts) and len(tables) == reads.sum():  # decoding, each table just the blocks read: the pairs
         pairs = len(tables)
         per_pair = np.empty((3, pairs), dtype=np.int64)
-        per_pair[0] = np.repeat(np.arange(rows), reads)
+        per_pair[0] = np.repeat(np.arange(count), reads)
         per_pair[1] = tables
         per_pair[2] = (np.arange(pairs) - table_start[per_pair[0]]) * block_size
     else:
@@ -191,10 +196,9 @@ def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pack
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty); with
     the C++ operators (`native`), the products on kvlab::linear's copies of them, kept by `pack_id`.
     Returns the logits and each logit row's greedy pick (kvlab.engine.sampling.greedy_picks at its
-    temperature; with the C++ operators, kvlab::greedy_pick), made where the logits are still in the
-    cache. The pool's tensors are one size, said
-    once (a symbolic size each would be one more to hand over every call), as are the logit rows and
-    their temperatures."""
+    temperature; with the C++ operators, kvlab::greedy_pick), made while the logits are in the cache.
+    The pool's tensors are one size, said once (a symbolic size each would be one more to hand over
+    every call), as are the logit rows and their temperatures."""
     for tensor in (*pool_keys, *pool_values):
         torch._check(tensor.shape[0] == pool_keys[0].shape[0])
     torch._check(temperatures.shape[0] == logit_rows.shape[0])
@@ -304,7 +308,8 @@ class CompiledStep:
                 torch._dynamo.mark_dynamic(tensor, dim)
         graphs, began = compiled_graphs(), time.perf_counter()
         _MADE.clear()
-        logits, picks = compiled_function()(*inputs)
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64):  # a graph an architecture
+            logits, picks = compiled_function()(*inputs)
         if compiled_graphs() > graphs:
             self.compiles += compiled_graphs() - graphs
             self.compile_s += time.perf_counter() - began

@@ -1,7 +1,7 @@
 """The compiled step's C++ operators on a CPU: its paged attention, as one C++ function (for each row,
 its query heads against the positions 0 .. its position, read block by block through its pairs, in
 one pass over the keys and one over the values), and, built into the same library, its products
-with the weights (kvlab.serving.cpu_linear).
+with the weights (kvlab.serving.cpu_linear) and its greedy picks (kvlab.serving.cpu_greedy).
 
 `kvlab.serving.paged_attention.block_attention` says the same in torch: inductor turns it into loops
 that score a (row, block) pair a position at a time, compute every score twice (once for the row's
