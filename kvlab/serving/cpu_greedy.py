@@ -11,8 +11,8 @@ such one divided and compared), where inductor's argmax of the divided logits to
 64-request run's step (perf: 1.8% of the run) for the same choice.
 
 Why the bound holds: a float x divides to q (round to nearest) only if x / t is at least halfway from
-q's lower neighbour q- to q, so x > q- x t; the bound is q- x t, computed in double and lowered by a
-billionth of itself for that product's own rounding. At q = infinity (an infinite logit, or a finite
+q's lower neighbour q- to q, so x > q- * t; the bound is q- * t, computed in double (exact: two floats'
+product fits) and lowered by a billionth of itself besides. At q = infinity (an infinite logit, or a finite
 one that overflows when t < 1) q- is the largest float and the same holds; at q = -infinity every
 logit is a candidate and the first wins.
 """
