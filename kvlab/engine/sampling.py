@@ -138,6 +138,13 @@ def greedy_picks(logits: torch.Tensor, temperature: torch.Tensor, keepdim: bool 
     return torch.argmax(logits / temperature, dim=-1, keepdim=keepdim)
 
 
+def greedy_picks_exact(dtype: torch.dtype) -> bool:
+    """Whether `greedy_picks` in this dtype chooses as `greedy_choice` does: float32 and float64; in a
+    narrower type the temperature rounds to it before the division, where `greedy_choice` divides by
+    the Python float."""
+    return dtype in (torch.float32, torch.float64)
+
+
 _SCRATCH = threading.local()
 
 

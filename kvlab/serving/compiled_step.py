@@ -205,9 +205,15 @@ def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pack
     rows = StepRows(per_row, per_pair, logit_rows, temperatures)
     weights = step.unpack(packed, shape, PLAN, pack_id if native else None)
     logits = step_logits(rows, weights, pool_keys, pool_values, shape, native)
-    if native:  # the same picks in C++, dividing few logits (kvlab.serving.cpu_greedy)
-        return logits, torch.ops.kvlab.greedy_pick(logits, temperatures)
-    return logits, sampling.greedy_picks(logits, temperatures[:, None])
+    return logits, step_picks(logits, temperatures, native)
+
+
+def step_picks(logits: torch.Tensor, temperatures: torch.Tensor, native: bool) -> torch.Tensor:
+    """Each logit row's greedy pick at its temperature (kvlab.engine.sampling.greedy_picks); with the C++
+    operators (`native`), the same picks by kvlab::greedy_pick, which divides few logits."""
+    if native:
+        return torch.ops.kvlab.greedy_pick(logits, temperatures)
+    return sampling.greedy_picks(logits, temperatures[:, None])
 
 
 _COMPILED = None
@@ -284,9 +290,10 @@ class CompiledStep:
 
     @torch.inference_mode()
     def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]],
-                 temperatures: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 temperatures: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The last logits of each piece that wants them, (R, V) in the pieces' order (see `step_rows`),
-        and each one's greedy pick (R) at its `temperatures` entry (1 if not given); every piece's K and
+        and each one's greedy pick (R) at its `temperatures` entry (1 if not given), None where those
+        picks are not `greedy_choice`'s (kvlab.engine.sampling.greedy_picks_exact); every piece's K and
         V written into its blocks."""
         wanted = sum(wants for *_, wants in pieces)
         rows = step_rows(pieces, self.pool.block_size, self.pool.scratch_block, self.device, temperatures,
@@ -295,14 +302,14 @@ class CompiledStep:
         self.calls += 1
         if not self.compiled:
             logits = step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape, self.native)
-            return logits[:wanted], sampling.greedy_picks(logits, rows.temperatures[:, None])[:wanted]
+            return logits[:wanted], self.exact(step_picks(logits, rows.temperatures, self.native)[:wanted])
         inputs = (*rows.tensors(), self.weights.packed, self.weights.pack_id, self.pool.keys, self.pool.values,
                   self.shape, self.native)
         if self.direct is None and self.key in _CODES:
             self.direct = types.FunctionType(_CODES[self.key], packed_step_logits.__globals__)
         if self.direct is not None:
             logits, picks = self.direct(*inputs)
-            return logits[:wanted], picks[:wanted]
+            return logits[:wanted], self.exact(picks[:wanted])
         if self.calls == 1:  # marked once: the compiled step's sizes are symbolic from then on (and marking costs)
             for tensor, dim in rows.symbolic():
                 torch._dynamo.mark_dynamic(tensor, dim)
@@ -315,4 +322,8 @@ class CompiledStep:
             self.compile_s += time.perf_counter() - began
             if _MADE:
                 _CODES[self.key] = _MADE[0]
-        return logits[:wanted], picks[:wanted]
+        return logits[:wanted], self.exact(picks[:wanted])
+
+    def exact(self, picks: torch.Tensor) -> torch.Tensor | None:
+        """The picks, where in the logits' dtype they are `greedy_choice`'s; else None."""
+        return picks if sampling.greedy_picks_exact(self.weights.packed.dtype) else None

@@ -333,7 +333,8 @@ TORCH_LIBRARY(kvlab, m) {
 
 TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("paged_attention", &paged_attention_op); }
 """
-LIBRARY_SOURCE = SOURCE + cpu_linear.SOURCE + cpu_greedy.SOURCE  # one library: one build, one load, one namespace
+# one library: one build, one load, one namespace (cpu_greedy's source uses this one's vector types)
+LIBRARY_SOURCE = SOURCE + cpu_linear.SOURCE + cpu_greedy.SOURCE
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"]
 
 

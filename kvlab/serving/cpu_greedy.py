@@ -20,26 +20,17 @@ logit is a candidate and the first wins.
 import torch
 
 SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
-typedef float g8f __attribute__((vector_size(32)));
-typedef int32_t g8i __attribute__((vector_size(32)));
-
-static inline g8f gload8(const float* p) { g8f v; memcpy(&v, p, sizeof v); return v; }
+/* After kvlab.serving.cpu_attention's source in the library: its headers, its eight-lane types v8f and
+   v8i, and load8. */
 
 /* One row's pick: its first NaN if it has one; else the first logit x with x / t equal to the
    largest quotient, the largest logit's. */
 static int64_t pick_row(const float* __restrict__ x, int64_t V, float t) {
-  g8f top = (g8f){} - INFINITY;
-  g8i nan = {};
+  v8f top = (v8f){} - INFINITY;
+  v8i nan = {};
   int64_t j = 0;
   for (; j + 8 <= V; j += 8) {
-    const g8f v = gload8(x + j);
+    const v8f v = load8(x + j);
     nan |= (v != v);
     top = v > top ? v : top;
   }
@@ -60,9 +51,9 @@ static int64_t pick_row(const float* __restrict__ x, int64_t V, float t) {
   const double below = (double)nextafterf(q, -INFINITY) * (double)t;
   const double bound = below - fabs(below) * 1e-9;
   const float low = nextafterf((float)bound, -INFINITY);  /* at or below the bound, in float */
-  const g8f lows = (g8f){} + low;
+  const v8f lows = (v8f){} + low;
   for (j = 0; j + 8 <= V; j += 8) {
-    const g8i near = gload8(x + j) >= lows;
+    const v8i near = load8(x + j) >= lows;
     bool any = false;
     for (int l = 0; l < 8; ++l) any |= near[l] != 0;
     if (any)

@@ -313,8 +313,8 @@ class ServingEngine:
         their temperatures; other greedy requests with the same knobs and no repetition penalty in one
         call for all their rows. Greedy choices draw nothing at random and treat each row apart. The
         plain greedy rows take the compiled step's `picks` (the same division and argmax, made in the
-        step) where the logits are float32 or float64; in a narrower type the temperature would round
-        before the division, so there NumPy or torch choose here."""
+        step) where it gives them (kvlab.engine.sampling.greedy_picks_exact), else NumPy or torch choose
+        here."""
         plain: list[tuple[Request, list[int]]] = []
         groups: dict[tuple, list[tuple[Request, list[int]]]] = {}
         for request, rows in drawing:
@@ -333,7 +333,7 @@ class ServingEngine:
                 self.take(request, tokens[:, 0].tolist(), updates)
         if plain:
             rows = [row for _, request_rows in plain for row in request_rows]
-            if picks is not None and logits.dtype in (torch.float32, torch.float64):
+            if picks is not None:
                 picked = picks.tolist()
                 tokens = picked if rows == list(range(len(picked))) else [picked[row] for row in rows]
             else:

@@ -81,7 +81,7 @@ class ModelRunner:
     def forward(self, chunks: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed every chunk; returns the last logits of every row of the chunks that want them, (R, V),
         chunk after chunk, and the compiled step's greedy pick of each (R) at its chunk's temperature
-        (None the eager way)."""
+        (None the eager way, and where the picks are not `greedy_choice`'s)."""
         if self.compiled is None:
             with torch.inference_mode():
                 wanted = [logits for logits in self.eager(chunks) if logits is not None]
