@@ -91,10 +91,10 @@ def test_one_compiled_step_serves_every_size_without_recompiling(model):
 
 def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model):
     """After the warm-up the step calls the code dynamo made (no guards run): for steps of every kind
-    (one decode row, many, prompt chunks beside decode rows, contexts over several blocks) the same
-    inputs through torch.compile, guards and all, compile nothing new and give the same logits, bit
-    for bit; its greedy picks are `greedy_choice`'s at each row's temperature."""
-    from kvlab.serving.compiled_step import compiled_function, compiled_graphs, step_rows
+    (one decode row, many, prompt chunks beside decode rows, contexts over several blocks) the guards
+    it was compiled with pass on the step's inputs, no graph is compiled, the logits are the eager
+    step's within rounding, and its greedy picks are `greedy_choice`'s at each row's temperature."""
+    from kvlab.serving.compiled_step import compiled_graphs, step_logits, step_rows
 
     engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=6))
     engine.warm_up()
@@ -109,12 +109,14 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
     for pieces in steps:
         temperatures = [0.85, 0.3, 1.7][:sum(wants for *_, wants in pieces)]
         logits, picks = step(pieces, temperatures)
-        assert step.direct is not None, "the step did not call dynamo's code directly"
         with torch.inference_mode():  # as the step builds its rows
             rows = step_rows(pieces, size, engine.pool.scratch_block, "cpu", temperatures)
-            guarded, _ = compiled_function()(*rows.tensors(), step.weights.packed, step.weights.pack_id,
-                                             engine.pool.keys, engine.pool.values, step.shape, step.native)
-        assert torch.equal(logits, guarded[:len(logits)]), pieces
+            inputs = (*rows.tensors(), step.weights.packed, step.weights.pack_id, engine.pool.keys,
+                      engine.pool.values, step.shape, step.native)
+            assert step.program.guard_check(*inputs), pieces
+            eager = step_logits(rows, step.weights.views, engine.pool.keys, engine.pool.values, step.shape,
+                                step.native)
+        assert torch.allclose(logits, eager[:len(logits)], atol=1e-5, rtol=1e-4), pieces
         assert picks.tolist() == sampling.greedy_choice(logits, temperatures), pieces
     assert compiled_graphs() == graphs
 
@@ -122,13 +124,42 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
 def test_each_architecture_gets_a_graph_of_its_own_and_calls_it_directly():
     """Models of three architectures in one process (a test run, a lab comparing models): each engine's
     step calls a graph compiled for its own architecture directly (not a generalised one found through
-    dynamo's guards), and every token is `generate`'s."""
+    dynamo's guards), each kept in a file of its own, and every token is `generate`'s."""
+    paths = set()
     for hidden in (32, 48, 80):
         model = tiny_model(0, hidden_size=hidden)
         requests = staggered(prompts_of((5, 9)), greedy(4))
         result, engine = serve(model, ServingConfig(num_blocks=16, max_num_seqs=2), requests)
-        assert engine.runner.compiled.direct is not None, hidden
+        assert engine.runner.compiled.program is not None, hidden
+        paths.add(engine.runner.compiled.program.path)
         assert mismatches(model, result, requests) == [], hidden
+    assert len(paths) == 3
+
+
+def test_a_compiled_step_is_kept_and_a_new_process_loads_it(model, monkeypatch):
+    """The compiled step is kept on disk: an engine of the same architecture in a new process (the
+    process's loaded steps forgotten) loads it and compiles nothing, and serves generate's tokens; a
+    file that cannot be loaded is said so, compiled again and replaced."""
+    from kvlab.engine import aot
+    from kvlab.serving.compiled_step import compiled_graphs
+
+    requests = staggered(prompts_of((6, 11, 4)), greedy(6))
+    first = ServingEngine(model, ServingConfig(num_blocks=32, max_num_seqs=3))
+    first.warm_up()
+    path = first.runner.compiled.program.path
+    assert path.is_file() and path.parent == aot.cache_dir()
+    monkeypatch.setattr(aot, "_LOADED", {})
+    graphs = compiled_graphs()
+    result, again = serve(model, ServingConfig(num_blocks=32, max_num_seqs=3), requests)
+    assert again.runner.compiled.program.from_cache and again.runner.compiled.compiles == 0
+    assert compiled_graphs() == graphs and mismatches(model, result, requests) == []
+    # a file cut short: not used, compiled again and replaced
+    path.write_bytes(path.read_bytes()[:100])
+    monkeypatch.setattr(aot, "_LOADED", {})
+    with pytest.warns(RuntimeWarning, match="cannot be loaded"):
+        result, rebuilt = serve(model, ServingConfig(num_blocks=32, max_num_seqs=3), requests)
+    assert not rebuilt.runner.compiled.program.from_cache and rebuilt.runner.compiled.compiles == 1
+    assert mismatches(model, result, requests) == [] and path.stat().st_size > 100
 
 
 SAMPLED = [

@@ -32,36 +32,37 @@ requests against `generate` alone (kvlab.serving.alone) instead of assuming ther
 way, `ServingConfig(compile=False)`, gives `generate`'s bits). Where no C++ compiler is found
 (inductor writes C++ on a CPU), the same function runs eagerly and says so once.
 
-Calling it: the first call of an architecture goes through `torch.compile` (dynamo traces, checks its
-guards, compiles); dynamo then hands back the bytecode it made of `packed_step_logits` (which reads the
-sizes from the tensors and calls the compiled graph), kept per architecture (`_CODES`), and every
-later step calls that code as a plain function: no frame evaluation and no guards, as vLLM's custom
+Compiled once, kept: the first call of an architecture in a process asks kvlab.engine.aot for the
+step compiled ahead of time (`torch.compile(...).aot_compile`, its sizes symbolic as above), kept on
+disk under a key of what the compiled code depends on (`CompiledStep.key`: the architecture's numbers,
+the pool's and weights' shapes and dtypes; torch's version, the thread count, the CPU, the C++
+kernels' library and the source of the modules traced). A process that finds it loads it (a second or
+two) instead of compiling (some 20 s for the lab's model, more for the C++ kernels the first time);
+every step then calls the code dynamo made of `packed_step_logits` as a plain function (the sizes read
+from the tensors, the compiled graph called): no frame evaluation and no guards, as vLLM's custom
 dispatcher does (its `TorchCompileWrapperWithCustomDispatcher`). What the guards would check cannot
-change within a `CompiledStep`: its architecture's numbers, its pool's and weights' shapes and dtypes
-are its key, and only the row, pair and logit-row counts vary, which the graph takes symbolically. So
-that each architecture has a graph, and a code, of its own, the call through `torch.compile` runs with
-dynamo's automatic dynamic shapes off (with them, a process's second architecture is compiled with its
-sizes made symbolic and serves every later one, whose steps then never learn which code is theirs).
-Measured in the 64-request run: dynamo's and AOT's Python around each call 120-138 µs a step in situ
-(docs/serving.md).
+change within a `CompiledStep`: it is the key; only the row, pair and logit-row counts vary, which the
+graph takes symbolically. Dynamo's automatic dynamic shapes are off while it traces, so each
+architecture has a graph of its own.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-import types
 import warnings
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine import fast, sampling, step
+from kvlab.engine import aot, fast, sampling, step
+from kvlab.engine import model as model_module
 from kvlab.engine.model import MiniMindForCausalLM, rms_norm
-from kvlab.serving import cpu_attention
+from kvlab.serving import cpu_attention, cpu_greedy, cpu_linear
 from kvlab.serving.block_pool import BlockPool
 from kvlab.serving.paged_attention import block_attention
 
@@ -216,27 +217,16 @@ def step_picks(logits: torch.Tensor, temperatures: torch.Tensor, native: bool) -
     return sampling.greedy_picks(logits, temperatures[:, None])
 
 
-_COMPILED = None
-
-
-def compiled_function():
-    """`packed_step_logits` compiled, one wrapper for the process: its compiled code is kept per
-    architecture (the weights' shapes and the Shape's values), each compiled once."""
-    global _COMPILED
-    if _COMPILED is None:
-        torch._dynamo.convert_frame.register_bytecode_hook(_made_code)
-        _COMPILED = torch.compile(packed_step_logits, fullgraph=True, options={"cpp_wrapper": True})
-    return _COMPILED
-
-
-_CODES: dict[tuple, types.CodeType] = {}  # dynamo's code of packed_step_logits, by CompiledStep.key
-_MADE: list[types.CodeType] = []  # the code dynamo made last of packed_step_logits
-
-
-def _made_code(code: types.CodeType, made: types.CodeType) -> None:
-    """Dynamo's hook on every function it compiles: keep what it made of packed_step_logits."""
-    if code is packed_step_logits.__code__:
-        _MADE[:] = [made]
+def compile_ahead(rows: StepRows, inputs: tuple):
+    """`packed_step_logits` compiled ahead of time for the step's first `inputs`, under inference mode as
+    every step runs: the rows' sizes and the pool's block count symbolic (marked here, on the tensors
+    of the step that compiles, so that a loaded step's guards see unmarked tensors as they were saved)."""
+    pool_keys, pool_values = inputs[6], inputs[7]
+    for tensor, dim in (*rows.symbolic(), *((tensor, 0) for tensor in (*pool_keys, *pool_values))):
+        torch._dynamo.mark_dynamic(tensor, dim)
+    compiled = torch.compile(packed_step_logits, fullgraph=True, options={"cpp_wrapper": True})
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), torch.inference_mode():
+        return compiled.aot_compile((inputs, {}))
 
 
 def compiled_graphs() -> int:
@@ -260,9 +250,9 @@ def packed_weights_of(model: MiniMindForCausalLM, shape: step.Shape) -> step.Pac
 
 class CompiledStep:
     """A serving step's pieces through `step_logits`, compiled (where a C++ compiler is found) or eager.
-    `compile_s` is the wall time of the calls that compiled, `compiles` how many graphs they made (1
-    for the first engine of an architecture in a process; 0 when another one compiled it, or later:
-    a count that grows after the warm-up is a recompilation)."""
+    `program` is the compiled step (kvlab.engine.aot.Program), made ready at the first call: `compile_s`
+    the wall time that took, `compiles` the graphs it compiled (1 where it compiled; 0 where it was
+    loaded from the cache, or another engine of the architecture had it ready in this process)."""
 
     def __init__(self, model: MiniMindForCausalLM, pool: BlockPool, compile: bool = True):
         self.pool = pool
@@ -277,10 +267,7 @@ class CompiledStep:
         pool_keys = pool.keys[0]  # what dynamo's guards check of the inputs, but the sizes it takes symbolically
         self.key = (self.shape, self.native, tuple(self.weights.packed.shape), self.weights.packed.dtype,
                     len(pool.keys), tuple(pool_keys.shape[1:]), pool_keys.dtype, str(self.device))
-        self.direct: Callable | None = None  # dynamo's code for this key, called as a plain function
-        if self.compiled:
-            for tensor in (*pool.keys, *pool.values):
-                torch._dynamo.mark_dynamic(tensor, 0)  # another pool size reuses the compiled step
+        self.program: aot.Program | None = None  # the compiled step for this key
 
     def _compiler_found(self) -> bool:
         if self.device.type == "cpu" and fast.find_cpp_compiler() is None:
@@ -305,24 +292,24 @@ class CompiledStep:
             return logits[:wanted], self.exact(step_picks(logits, rows.temperatures, self.native)[:wanted])
         inputs = (*rows.tensors(), self.weights.packed, self.weights.pack_id, self.pool.keys, self.pool.values,
                   self.shape, self.native)
-        if self.direct is None and self.key in _CODES:
-            self.direct = types.FunctionType(_CODES[self.key], packed_step_logits.__globals__)
-        if self.direct is not None:
-            logits, picks = self.direct(*inputs)
-            return logits[:wanted], self.exact(picks[:wanted])
-        if self.calls == 1:  # marked once: the compiled step's sizes are symbolic from then on (and marking costs)
-            for tensor, dim in rows.symbolic():
-                torch._dynamo.mark_dynamic(tensor, dim)
-        graphs, began = compiled_graphs(), time.perf_counter()
-        _MADE.clear()
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64):  # a graph an architecture
-            logits, picks = compiled_function()(*inputs)
-        if compiled_graphs() > graphs:
-            self.compiles += compiled_graphs() - graphs
-            self.compile_s += time.perf_counter() - began
-            if _MADE:
-                _CODES[self.key] = _MADE[0]
+        if self.program is None:
+            self.program = self.ready(rows, inputs)
+        logits, picks = self.program.run(*inputs)
         return logits[:wanted], self.exact(picks[:wanted])
+
+    def ready(self, rows: StepRows, inputs: tuple) -> aot.Program:
+        """The compiled step for this key: loaded, or compiled on `inputs` (the first step's) and kept."""
+        library = cpu_attention.library_path(fast.find_cpp_compiler()).name if self.native else None
+        # what the compiled code depends on besides the key: the threads its loops were written for, the
+        # CPU its C++ was built for, the kernels' library it calls
+        parts = ("serving step", repr(self.key), torch.get_num_threads(), os.uname().machine,
+                 cpu_attention.cpu_flags(), library)
+        modules = (sys.modules[__name__], sampling, step, model_module, cpu_attention, cpu_linear, cpu_greedy)
+        graphs = compiled_graphs()
+        program = aot.function(parts, modules, lambda: compile_ahead(rows, inputs))
+        self.compiles += compiled_graphs() - graphs
+        self.compile_s += program.compile_s
+        return program
 
     def exact(self, picks: torch.Tensor) -> torch.Tensor | None:
         """The picks, where in the logits' dtype they are `greedy_choice`'s; else None."""
