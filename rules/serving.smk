@@ -66,9 +66,33 @@ TRACE_ONLY_KEYS = (
 )
 
 
+# The steps both serving jobs run, compiled once a build and kept on disk (kvlab.engine.aot): the two
+# load them, so that compiling is this job's time alone, said once. Its threads are the timing's, for
+# which the steps are compiled.
+rule compile_steps:
+    input:
+        **inputs("tokenizer", "pretrain", "val_data"),
+    output:
+        compiled_steps=RESULTS["compiled_steps"].path,
+    log:
+        "results/logs/compile_steps.log",
+    benchmark:
+        "results/benchmarks/compile_steps.tsv"
+    threads: all_cores
+    resources:
+        **model_job("pretrain"),
+    params:
+        **timed_params(),
+        serving={
+            key: value for key, value in SERVING.items() if key not in RATE_SWEEP_KEYS
+        },
+    script:
+        "../scripts/compile_steps.py"
+
+
 rule serve_trace:
     input:
-        **inputs("tokenizer", "pretrain", "prompt", "val_data"),
+        **inputs("tokenizer", "pretrain", "prompt", "val_data", "compiled_steps"),
     output:
         serve_counts=reported("serve_counts"),
         serve_memory=reported("serve_memory"),
@@ -94,7 +118,7 @@ rule serve_trace:
 
 rule serve_rates:
     input:
-        **inputs("tokenizer", "pretrain", "val_data"),
+        **inputs("tokenizer", "pretrain", "val_data", "compiled_steps"),
     output:
         serve_rates=reported("serve_rates"),
         serve_rates_runs=RESULTS["serve_rates_runs"].path,

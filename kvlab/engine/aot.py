@@ -36,6 +36,9 @@ import torch
 
 CACHE_ENV = "KVLAB_CACHE_DIR"
 _LOADED: dict[str, object] = {}
+# Inductor's precompiled headers: each costs a compiler run of some 5 s the first time, and a process
+# here compiles one step, which they do not make faster (measured on the lab's steps): made no more.
+NO_HEADERS = {"aot_inductor.precompile_headers": False, "cpp_cache_precompile_headers": False}
 
 
 def cache_dir() -> Path:
@@ -83,7 +86,7 @@ def program(parts: tuple, modules: tuple, export: Callable[[], torch.export.Expo
         handle, tmp = tempfile.mkstemp(suffix=".pt2", dir=path.parent)
         os.close(handle)
         try:
-            torch._inductor.aoti_compile_and_package(export(), package_path=tmp)
+            torch._inductor.aoti_compile_and_package(export(), package_path=tmp, inductor_configs=NO_HEADERS)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

@@ -130,6 +130,8 @@ RESULTS = _results(
     Result("batch_runs", "results/batch_runs.json", timed=True),
     Result("kv_waste", "results/kv_waste.csv", BEYOND, "KV reservation"),
     Result("kv_waste_requests", "results/kv_waste_requests.json"),
+    # the compiled steps the serving jobs load: the seconds compiling them took, once a build
+    Result("compiled_steps", f"{SERVING_FOLDER}/compiled_steps.json", timed=True),
     # continuous batching against static on one trace (rules/serving.smk: serve_trace, serve_rates)
     Result("serve_counts", f"{SERVING_FOLDER}/serve_counts.csv", BEYOND, "Continuous batching"),
     Result("serve_memory", f"{SERVING_FOLDER}/serve_memory.csv", BEYOND, "Continuous batching"),

@@ -9,8 +9,8 @@ import math
 import numpy as np
 
 from kvlab.engine.model import MiniMindForCausalLM
-from kvlab.measure.serve_run import (PERCENTILES, POLICIES, Run, latency_percentiles, output_finished, request_records,
-                                     serve, warm_up)
+from kvlab.measure.serve_run import (PERCENTILES, POLICIES, Run, latency_percentiles, output_finished, ready_steps,
+                                     request_records, said, serve)
 from kvlab.measure.serve_trace import Progress, engine_config
 from kvlab.measure.serving_traces import check_block_size, check_fits, main_trace
 from kvlab.serving import RequestOutput
@@ -66,8 +66,7 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
     queued = main_trace(prompts, s, None)
     roomy = {policy: engine_config(s, policy) for policy in POLICIES}
     check_fits(queued, roomy["continuous"], "extras.serving.num_blocks")
-    compile_s = warm_up(model, roomy["continuous"])
-    progress.done(f"compiled the engine's step ({compile_s:.1f} s)")
+    progress.done(f"the engine's step ready ({said(ready_steps(model, roomy['continuous']))})")
     saturation = {}
     for policy in POLICIES:
         run = serve(model, queued, roomy[policy], f"{policy}, all at once")

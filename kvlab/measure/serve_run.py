@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 import resource
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvlab.engine import fast
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.measure.serving_traces import TraceRequest
-from kvlab.serving import RequestOutput, ServingConfig, ServingEngine, generate_alone
+from kvlab.serving import RequestOutput, ServingConfig, ServingEngine, cpu_attention, generate_alone
 from kvlab.serving.stats import EngineStats, StepRecord
 
 WAYS = ("one_at_a_time", "static", "continuous")  # the trace served three ways (POLICIES: the engine's two)
@@ -129,10 +131,45 @@ def serve(model: MiniMindForCausalLM, trace: list[TraceRequest], config: Serving
     return run
 
 
-def warm_up(model: MiniMindForCausalLM, config: ServingConfig) -> float:
-    """Compile the engine's step before anything is timed (once a process per architecture). Returns the
-    seconds compiling took."""
-    return ServingEngine(model, config).warm_up()
+def ready_steps(model: MiniMindForCausalLM, config: ServingConfig, trace: list[TraceRequest] | None = None,
+                compile: bool = True) -> dict:
+    """The compiled steps a serving measurement runs, made ready before anything is timed: the engine's
+    (`config`'s) and the single-request path's (one untimed pass over `trace`, whose requests need them
+    all; none without a trace), each compiled where no earlier process kept it, else loaded
+    (kvlab.engine.aot). The engine's C++ kernels are built meanwhile, in a thread of their own (the
+    compiler's process runs beside the single-request path's compiling). Per step: `seconds`,
+    `loaded` (from the cache, or compiled here) and the files it is kept in; the single-request path's
+    seconds include its untimed pass."""
+    kernels = threading.Thread(target=cpu_attention.prebuild, daemon=True) if compile else None
+    if kernels is not None:
+        kernels.start()
+    steps = {}
+    if trace is not None:
+        began = time.perf_counter()
+        one_at_a_time(model, trace, compile)
+        programs = [decoder.program for decoder in fast.decoders_of(model).values() if decoder.program is not None]
+        steps["one_at_a_time"] = kept(*programs) | {"seconds": time.perf_counter() - began}
+    if kernels is not None:
+        kernels.join()
+    began = time.perf_counter()
+    engine = ServingEngine(model, config)
+    engine.warm_up()
+    program = engine.runner.compiled.program if engine.compiled else None
+    steps["engine"] = (kept(program) if program else kept()) | {"seconds": time.perf_counter() - began}
+    return steps
+
+
+def kept(*programs) -> dict:
+    """Where compiled steps are kept, whether all were loaded, the seconds that took (none: eager)."""
+    return {"seconds": sum(program.compile_s for program in programs),
+            "loaded": bool(programs) and all(program.from_cache for program in programs),
+            "files": sorted(program.path.name for program in programs)}
+
+
+def said(steps: dict) -> str:
+    """`ready_steps`' result in a line of the log."""
+    return "; ".join(f"{name}: {'loaded' if step['loaded'] else 'compiled'} {', '.join(step['files']) or '(eager)'} "
+                     f"in {step['seconds']:.1f} s" for name, step in steps.items())
 
 
 # --- one request at a time ---------------------------------------------------------------------------

@@ -34,8 +34,9 @@ import numpy as np
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.facts import timing
 from kvlab.measure import kv_waste
-from kvlab.measure.serve_run import (LATENCIES, PERCENTILES, POLICIES, WAYS, Run, alone_timings, mismatches, one_at_a_time, references,
-                                     request_records, run_timings, serve, timeline, warm_up)
+from kvlab.measure.serve_run import (LATENCIES, PERCENTILES, POLICIES, WAYS, Run, alone_timings, mismatches,
+                                     one_at_a_time, ready_steps, references, request_records, run_timings, said,
+                                     serve, timeline)
 from kvlab.measure.serving_traces import TraceRequest, check_block_size, check_fits, spaced, traces
 from kvlab.serving import ServingConfig
 
@@ -233,11 +234,8 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     progress.done("generate alone, every request of the three traces")
 
     trace = made["trace"]
-    began = time.perf_counter()
-    compile_s = {"engine": warm_up(model, roomy["continuous"])}
-    one_at_a_time(model, trace, s["compile"])  # untimed: compiles the single-request path's steps
-    compile_s["one_at_a_time"] = time.perf_counter() - began - compile_s["engine"]
-    progress.done("compiled the engine's step and the single-request path")
+    ready = ready_steps(model, roomy["continuous"], trace, s["compile"])
+    progress.done(f"the engine's step and the single-request path ready ({said(ready)})")
 
     counts, events, times = [], [], {way: [] for way in WAYS}
     runs: dict[str, Run] = {}
@@ -297,7 +295,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
               "traces": {name: [request.record(i) for i, request in enumerate(t)] for name, t in made.items()},
               "timelines": {name: timeline(runs[name]) for name in (*POLICIES, "continuous, tight pool")},
               "summaries": {name: run.stats.summary() for name, run in runs.items()},
-              "timings": times, "prefix_ttft_s": prefix_ttft, "one_at_a_time": alone_checked, "compile_s": compile_s,
+              "timings": times, "prefix_ttft_s": prefix_ttft, "one_at_a_time": alone_checked, "ready_steps": ready,
               "way_counts": {way: way_counts(runs, trace, way) for way in WAYS}}
     return {"counts": counts, "memory": memory, "timing": timing_rows(times, prefix_ttft), "events": events,
             "detail": detail}

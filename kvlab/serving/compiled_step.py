@@ -224,7 +224,7 @@ def compile_ahead(rows: StepRows, inputs: tuple):
     pool_keys, pool_values = inputs[6], inputs[7]
     for tensor, dim in (*rows.symbolic(), *((tensor, 0) for tensor in (*pool_keys, *pool_values))):
         torch._dynamo.mark_dynamic(tensor, dim)
-    compiled = torch.compile(packed_step_logits, fullgraph=True, options={"cpp_wrapper": True})
+    compiled = torch.compile(packed_step_logits, fullgraph=True, options={"cpp_wrapper": True, **aot.NO_HEADERS})
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False), torch.inference_mode():
         return compiled.aot_compile((inputs, {}))
 

@@ -383,6 +383,18 @@ def build(compiler: str) -> Path:
     return path
 
 
+def prebuild() -> None:
+    """Build the library now, without loading it (a thread of its own can run the compiler while the
+    caller compiles something else); a failure is left for `library` to say."""
+    from kvlab.engine.fast import find_cpp_compiler
+    compiler = find_cpp_compiler()
+    if compiler:
+        try:
+            build(compiler)
+        except (OSError, subprocess.CalledProcessError):
+            pass
+
+
 def library() -> bool:
     """Whether the kernel is built and its operator registered (False where no C++ compiler builds it,
     said once)."""
