@@ -419,6 +419,25 @@ def test_the_page_streams_an_answer_and_shows_the_engines_state_in_a_browser(ser
     assert page_text == greedy
 
 
+def test_a_second_start_loads_the_step_the_first_compiled(checkpoint, tokenizer_dir, tmp_path):
+    """`kvlab serve` makes its step ready before it answers: the first start on an empty cache compiles
+    it and keeps it there, a second start loads it (compiling nothing) and answers the same tokens."""
+    import os
+
+    env = {**os.environ, "KVLAB_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["--checkpoint", checkpoint, "--tokenizer", tokenizer_dir, "--served-model-name", MODEL, *SERVER_ARGS]
+    answers, logs = [], []
+    for _ in range(2):
+        with ServerProcess(args, env=env) as started:
+            answers.append(httpx.post(f"{started.url}/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": "민수는", "temperature": 0, "max_tokens": 8}).json()["choices"][0]["text"])
+            logs.append(started.log_tail(200))
+    assert "the engine's step compiled into" in logs[0] and "loaded from" not in logs[0], logs[0]
+    assert "the engine's step loaded from" in logs[1] and "compiled into" not in logs[1], logs[1]
+    assert answers[0] == answers[1]
+    assert list((tmp_path / "cache" / "aot").glob("*.fn"))
+
+
 # --- last: it stops the module's server ------------------------------------------------------------
 
 def test_sigterm_ends_the_running_requests_within_the_drain_and_exits_0(server):

@@ -106,10 +106,11 @@ def load(args):
         raise ValueError(f"--tokenizer {tokenizer_dir} does not belong to --checkpoint {checkpoint}: {mismatch}")
     config = ServingConfig(**{knob: getattr(args, knob) for knob in DEFAULTS})
     engine = ServingEngine(model, config)
-    seconds = engine.warm_up()  # compiled before the first request, not at its first token
+    seconds = engine.warm_up()  # ready before the first request, not at its first token
     if engine.compiled:
-        log.info("the engine's step compiled in %.1f s (%d graph%s)", seconds, engine.runner.compiled.compiles,
-                 "" if engine.runner.compiled.compiles == 1 else "s")
+        program = engine.runner.compiled.program
+        log.info("the engine's step %s %s in %.1f s", "loaded from" if program.from_cache else "compiled into",
+                 program.path, seconds)
     return engine, tokenizer
 
 
