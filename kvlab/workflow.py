@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import resource
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from contextlib import ExitStack, redirect_stderr
 from importlib import metadata
@@ -53,6 +56,7 @@ def run(snakemake, main) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         try:
             main(snakemake)
+            log.info(clocks_line())
         except USER_ERRORS as err:
             message = f"kvlab error in rule {snakemake.rule}: {err}"
             log.error(message)
@@ -61,6 +65,32 @@ def run(snakemake, main) -> None:
         except Exception:
             log.error(traceback.format_exc())
             raise
+
+
+CLOCKS = "the job's clocks:"
+
+
+def clocks_line() -> str:
+    """The job's CPU seconds so far, its own and its finished children's (a compiler run, a tokenizer's
+    worker), beside the wall seconds since the process started: the last line of every job's log, read
+    by tools/build_times.py. Where the wall is far above the CPU, the job waited."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own_s, children_s = own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    return (f"{CLOCKS} wall {process_age():.2f} s, CPU {own_s + children_s:.2f} s "
+            f"(its own {own_s:.2f} s, its children's {children_s:.2f} s)")
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux's /proc, to the hundredth; elsewhere, since kvlab was
+    imported)."""
+    try:
+        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return float(Path("/proc/uptime").read_text().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time() - IMPORTED
+
+
+IMPORTED = time.time()
 
 
 def exit_on_sigterm(signum, frame) -> None:
