@@ -29,6 +29,7 @@ rule sweep:
         repeats=EXTRAS["sweep"]["repeats"],
         long_from=EXTRAS["sweep"]["long_from"],
         long_repeats=EXTRAS["sweep"]["long_repeats"],
+        budget_s=EXTRAS["sweep"].get("budget_s"),
     script:
         "../scripts/sweep.py"
 

@@ -1,4 +1,5 @@
 """Cost curves: the lab's steps 1-3 (fed tokens, same ids, median time) for every N in the sweep."""
+from kvlab.facts.budget import Budget
 from kvlab.io import read_json, write_csv_atomic, write_json_atomic
 from kvlab.measure.curves import cost_sweep
 from kvlab.measure.steps import use_threads
@@ -14,7 +15,7 @@ def main(snakemake):
              p.long_repeats, p.long_from)
     use_threads(p.threads)
     rows, runs = cost_sweep(model, prompt["ids"], p.new_tokens, p.warmup, p.repeats, p.long_from, p.long_repeats,
-                            p.max_seconds, device)
+                            p.max_seconds, device, Budget(p.budget_s))
     write_json_atomic(snakemake.output.sweep_runs, runs)
     write_csv_atomic(snakemake.output.sweep, rows)
 

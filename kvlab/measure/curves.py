@@ -23,6 +23,7 @@ from kvlab.engine import sampling
 from kvlab.engine.device import timing_context
 from kvlab.measure import steps
 from kvlab.facts import timing
+from kvlab.facts.budget import Budget, scaled
 from kvlab.facts.formulas import MODES, fed_formulas
 from kvlab.facts.timing import fit_step_cost, predict_time  # noqa: F401  (the per-step fit, torch-free)
 
@@ -51,44 +52,76 @@ def repeats_for(new_tokens: int, repeats: int, long_from: int | None, long_repea
 
 
 def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repeats: int,
-               long_from: int | None, long_repeats: int, max_seconds: float, device) -> tuple[list[dict], dict]:
+               long_from: int | None, long_repeats: int, max_seconds: float, device,
+               budget: Budget | None = None) -> tuple[list[dict], dict]:
     """For each N: the lab's greedy pair (fed tokens counted, same ids) and its timing, step 3's own
     (`steps.time_generation`: repeated while unstable, for at most `max_seconds` a mode).
 
     The counted generations of steps 1-2 are the first warm-up of each mode; `warmup - 1`
-    more untimed runs follow inside `time_generation`. Returns one row per N, and every timing's
-    samples and summaries by N."""
-    rows, runs = [], {}
-    started = time.perf_counter()
-    for index, new_tokens in enumerate(new_tokens_list, start=1):
-        same, count = steps.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
-        timed_runs = repeats_for(new_tokens, repeats, long_from, long_repeats)
-        medians, timed = steps.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs,
-                                               max_seconds, device)
-        formulas = fed_formulas(count["prompt_len"], new_tokens)
-        row = {
-            "new_tokens": new_tokens,
-            "prompt_len": count["prompt_len"],
-            "fed_with_cache": count["fed_with_cache"],
-            "fed_without_cache": count["fed_without_cache"],
-            "formula_with_cache": formulas["with_cache"],
-            "formula_without_cache": formulas["without_cache"],
-            "token_ratio": count["fed_without_cache"] / count["fed_with_cache"],
-            "with_cache_s": medians["with_cache_s"],
-            "without_cache_s": medians["without_cache_s"],
-            "speedup": medians["speedup"],
-            "timed_runs": timed_runs,
-            **timing.spread_columns(timed["summary"], timed["speedup"]),
-            "same_ids": same["same_ids"],
-        }
-        rows.append(row)
-        runs[str(new_tokens)] = {key: timed[key] for key in ("runs_s", "usage", "summary", "speedup")}
-        log.info("[%d/%d] N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d / %d runs; %.1f s so far",
-                 index, len(new_tokens_list), new_tokens, row["fed_with_cache"], row["fed_without_cache"],
-                 row["formula_with_cache"], row["formula_without_cache"], row["with_cache_s"],
-                 row["without_cache_s"], row["with_cache_n"], row["without_cache_n"], time.perf_counter() - started)
+    more untimed runs follow inside `time_generation`. The Ns are taken from the smallest up within
+    `budget` (kvlab.facts.budget): each next N's seconds predicted from the last N measured, scaled by
+    the tokens both modes feed in all its runs (the no-cache side's grow with N squared); an N that
+    would not fit, and every larger one, is cut. Returns one row per N measured, and every timing's
+    samples and summaries by N, with what the budget cut."""
+    budget = budget or Budget(None)
+    prompt_len = len(prompt_ids)
+    runs: dict = {}
+    new_tokens_list = sorted(new_tokens_list)
+
+    def work(new_tokens: int) -> float:  # tokens fed by every run at N, both modes
+        fed = fed_formulas(prompt_len, new_tokens)
+        return (fed["with_cache"] + fed["without_cache"]) * (warmup + repeats_for(new_tokens, repeats, long_from,
+                                                                                     long_repeats))
+
+    def measure(new_tokens: int) -> tuple[dict, float]:
+        began = time.perf_counter()
+        row, runs[str(new_tokens)] = sweep_point(model, prompt_ids, new_tokens, warmup, repeats, long_from,
+                                                 long_repeats, max_seconds, device)
+        log.info("N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d / %d runs; %.1f s so far",
+                 new_tokens, row["fed_with_cache"], row["fed_without_cache"], row["formula_with_cache"],
+                 row["formula_without_cache"], row["with_cache_s"], row["without_cache_s"], row["with_cache_n"],
+                 row["without_cache_n"], budget.spent())
+        return row, time.perf_counter() - began
+
+    def predict(new_tokens: int, done: list) -> float:
+        last, _, seconds = done[-1]
+        return scaled(seconds, work(last), work(new_tokens))
+
+    rows = budget.take(new_tokens_list, measure, predict, name=lambda n: f"N={n}")
+    for cut in budget.cut:
+        log.info("%s not measured: predicted %.0f s, %.0f s left of the budget's %.0f s", cut["rung"],
+                 cut["predicted_s"], cut["left_s"], budget.seconds)
+    timed = runs[str(rows[-1]["new_tokens"])] if rows else {}
     context = {key: timed[key] for key in ("device", "processor", "torch_threads")} if rows else {}
-    return rows, {"by_new_tokens": runs, "warmup": warmup, "max_seconds": max_seconds, **context}
+    return rows, {"by_new_tokens": {n: {key: run[key] for key in ("runs_s", "usage", "summary", "speedup")}
+                                    for n, run in runs.items()},
+                  "warmup": warmup, "max_seconds": max_seconds, "budget": budget.record(), **context}
+
+
+def sweep_point(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, long_from: int | None,
+                long_repeats: int, max_seconds: float, device) -> tuple[dict, dict]:
+    """Steps 1-3 at one N: its row of sweep.csv and its timing's samples and summaries."""
+    same, count = steps.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
+    timed_runs = repeats_for(new_tokens, repeats, long_from, long_repeats)
+    medians, timed = steps.time_generation(model, prompt_ids, new_tokens, max(warmup - 1, 0), timed_runs,
+                                           max_seconds, device)
+    formulas = fed_formulas(count["prompt_len"], new_tokens)
+    row = {
+        "new_tokens": new_tokens,
+        "prompt_len": count["prompt_len"],
+        "fed_with_cache": count["fed_with_cache"],
+        "fed_without_cache": count["fed_without_cache"],
+        "formula_with_cache": formulas["with_cache"],
+        "formula_without_cache": formulas["without_cache"],
+        "token_ratio": count["fed_without_cache"] / count["fed_with_cache"],
+        "with_cache_s": medians["with_cache_s"],
+        "without_cache_s": medians["without_cache_s"],
+        "speedup": medians["speedup"],
+        "timed_runs": timed_runs,
+        **timing.spread_columns(timed["summary"], timed["speedup"]),
+        "same_ids": same["same_ids"],
+    }
+    return row, timed
 
 
 # ---------------------------------------------------------------------------

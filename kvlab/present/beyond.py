@@ -61,9 +61,11 @@ def sweep_section(results: dict) -> dict:
     rows = [{**row, "formulas_match": formulas_match(row), "shown": shown}
             for row, shown in zip(results["sweep"], judged["values"])]
     last = rows[-1]
+    budget = results.get("sweep_runs", {}).get("budget", {})
     return {"sweep": {"rows": rows, "last": last, "all_match": all(row["formulas_match"] for row in rows),
                       "all_same": all(row["same_ids"] for row in rows), "clock": judged["clock"],
-                      "time_vs_tokens": against(judged["intervals"][-1], last["token_ratio"])}}
+                      "time_vs_tokens": against(judged["intervals"][-1], last["token_ratio"]),
+                      "cut": budget.get("cut", []), "budget_s": budget.get("budget_s")}}
 
 
 def latency_section(results: dict) -> dict:

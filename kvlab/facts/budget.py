@@ -1,0 +1,65 @@
+"""Work sized to the model: a measurement beyond the lab sheet walks its ladder (N new tokens, batch
+sizes B, ...) from the cheapest rung up, predicts each next rung's seconds from the rungs it has
+measured, and stops where the prediction no longer fits what is left of its time budget. The lab's
+own values are kept wherever they fit; every rung left out is recorded with its predicted seconds
+and the budget it would have broken, and the result and the report say so.
+
+Torch-free: the measurements (kvlab.measure) use it, the presentation reads what it recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# The fewest rungs a ladder keeps whatever the budget: a curve needs two points.
+KEPT_RUNGS = 2
+
+
+@dataclass
+class Budget:
+    """A measurement's seconds: `seconds` in all (None: no budget, every rung measured), counted from
+    when it was made. `cut` holds each rung left out (its name, predicted seconds, what was left)."""
+
+    seconds: float | None
+    clock: Callable[[], float] = time.perf_counter
+    cut: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.began = self.clock()
+
+    def spent(self) -> float:
+        return self.clock() - self.began
+
+    def fits(self, predicted_s: float) -> bool:
+        """Whether a rung predicted to take `predicted_s` fits what is left."""
+        return self.seconds is None or self.spent() + predicted_s <= self.seconds
+
+    def take(self, rungs: list, measure, predict, name=str, keep: int = KEPT_RUNGS) -> list:
+        """Measure `rungs` in order (`measure(rung)` returns its result and its seconds) while each next
+        one is predicted to fit (`predict(rung, done)`, from the [(rung, result, seconds)] measured so
+        far); the first `keep` are always measured. Once one does not fit, it and every later rung
+        (each costlier) are cut. Returns the measured results in order."""
+        done = []
+        for index, rung in enumerate(rungs):
+            if index >= keep and done:
+                predicted = predict(rung, done)
+                if not self.fits(predicted):
+                    left = None if self.seconds is None else max(0.0, self.seconds - self.spent())
+                    self.cut.extend({"rung": name(later), "predicted_s": predict(later, done), "left_s": left}
+                                    for later in rungs[index:])
+                    break
+            result, seconds = measure(rung)
+            done.append((rung, result, seconds))
+        return [result for _, result, _ in done]
+
+    def record(self) -> dict:
+        """What the result keeps: the budget, the seconds spent, every rung cut."""
+        return {"budget_s": self.seconds, "spent_s": self.spent(), "cut": list(self.cut)}
+
+
+def scaled(cost: float, measured_work: float, next_work: float) -> float:
+    """A rung's predicted seconds: a measured rung's `cost` scaled by the work each does (tokens fed,
+    rows decoded): a prediction that errs high where the fixed cost per step is large."""
+    return cost * next_work / measured_work if measured_work > 0 else cost
