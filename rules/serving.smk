@@ -25,6 +25,7 @@ rule batch:
         warmup=EXTRAS["batch"]["warmup"],
         repeats=EXTRAS["batch"]["repeats"],
         memory_limit_gib=EXTRAS["batch"]["memory_limit_gib"],
+        budget_s=EXTRAS["batch"].get("budget_s"),
     script:
         "../scripts/batch.py"
 

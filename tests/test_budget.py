@@ -77,18 +77,36 @@ def test_the_sweep_leaves_out_what_its_budget_cannot_hold():
 
 
 @pytest.mark.parametrize("language", ["en", "ko"])
-def test_the_report_says_which_ns_the_budget_left_out(course_build, tmp_path, language):
-    """beyond.md's cost curves name every N the budget cut, the budget and the first one's prediction;
-    with nothing cut it says nothing of a budget."""
+def test_the_report_says_what_each_budget_left_out(course_build, tmp_path, language):
+    """beyond.md's cost curves and batch sections name every rung their budget cut, the budget's key and
+    seconds and the first one's prediction; with nothing cut they say nothing of a budget."""
     from test_clocks import render
 
     results = tmp_path / "results"
     shutil.copytree(course_build / "results", results)
-    assert "extras.sweep.budget_s" not in render(results, "beyond", language)
-    runs = json.loads((results / "sweep_runs.json").read_text(encoding="utf-8"))
-    runs["budget"] = {"budget_s": 60, "spent_s": 31.0,
-                      "cut": [{"rung": "N=128", "predicted_s": 240.4, "left_s": 29.0},
-                              {"rung": "N=256", "predicted_s": 1100.0, "left_s": 29.0}]}
-    (results / "sweep_runs.json").write_text(json.dumps(runs), encoding="utf-8")
+    before = render(results, "beyond", language)
+    assert "extras.sweep.budget_s" not in before and "extras.batch.budget_s" not in before
+    for name, cut in (("sweep_runs", ["N=128", "N=256"]), ("batch_runs", ["B=32", "B=64"])):
+        runs = json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
+        runs["budget"] = {"budget_s": 60, "spent_s": 31.0,
+                          "cut": [{"rung": rung, "predicted_s": 240.4 * (1 + index), "left_s": 29.0}
+                                  for index, rung in enumerate(cut)]}
+        (results / f"{name}.json").write_text(json.dumps(runs), encoding="utf-8")
     beyond = render(results, "beyond", language)
-    assert "`extras.sweep.budget_s`" in beyond and "N=128, N=256" in beyond and "240" in beyond and "60" in beyond
+    sweep, batch = beyond.split("`extras.sweep.budget_s`")[1], beyond.split("`extras.batch.budget_s`")[1]
+    assert sweep.split("\n")[0].count("N=128, N=256") == 1 and batch.split("\n")[0].count("B=32, B=64") == 1
+    assert beyond.count("240") >= 2 and "60" in beyond
+
+
+def test_the_batch_bench_leaves_out_the_sizes_its_budget_cannot_hold():
+    """With a budget it cannot meet, llama-batched-bench's table keeps B = 1 and 2 in both modes (rows
+    mode by mode, each row's tokens held against its prompt alone) and records the larger Bs as cut."""
+    from kvlab.measure.batch import batch_bench
+
+    model = random_model(0)
+    prompts = [[1] + list(range(5 + i, 13 + i)) for i in range(8)]
+    rows, runs = batch_bench(model, prompts[0], prompts, 3, [1, 2, 4, 8], 0, 1, 0.05, 1.0, torch.device("cpu"),
+                             Budget(1e-6))
+    assert [(row["mode"], row["B"]) for row in rows] == [("shared", 1), ("shared", 2), ("distinct", 1), ("distinct", 2)]
+    assert all(row["same_as_single"] for row in rows)
+    assert [cut["rung"] for cut in runs["budget"]["cut"]] == ["B=4", "B=8"]

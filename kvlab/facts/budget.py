@@ -9,9 +9,12 @@ Torch-free: the measurements (kvlab.measure) use it, the presentation reads what
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+log = logging.getLogger("kvlab")
 
 # The fewest rungs a ladder keeps whatever the budget: a curve needs two points.
 KEPT_RUNGS = 2
@@ -49,6 +52,8 @@ class Budget:
                     left = None if self.seconds is None else max(0.0, self.seconds - self.spent())
                     self.cut.extend({"rung": name(later), "predicted_s": predict(later, done), "left_s": left}
                                     for later in rungs[index:])
+                    log.info("not measured, over the budget of %.0f s with %.0f s left: %s", self.seconds, left,
+                             ", ".join(f"{cut['rung']} (predicted {cut['predicted_s']:.0f} s)" for cut in self.cut))
                     break
             result, seconds = measure(rung)
             done.append((rung, result, seconds))

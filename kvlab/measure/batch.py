@@ -10,12 +10,14 @@ generated alone.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from kvlab.engine.device import dtype_name, timing_context
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes, left_pad
 from kvlab.facts import timing
+from kvlab.facts.budget import Budget, scaled
 from kvlab.facts.formulas import BATCH_MODES, GIB
 from kvlab.measure import steps
 
@@ -58,53 +60,72 @@ def _alone(model, prompt: list[int], new_tokens: int, device) -> list[int]:
 
 def batch_bench(model: MiniMindForCausalLM, shared_prompt: list[int], distinct_prompts: list[list[int]],
                 new_tokens: int, sizes, warmup: int, repeats: int, max_seconds: float, memory_limit_gib: float,
-                device) -> tuple[list[dict], dict]:
+                device, budget: Budget | None = None) -> tuple[list[dict], dict]:
     """llama-batched-bench's rows for every mode and B (see the module's docstring), and every run's
-    samples. `distinct_prompts` holds at least max(sizes) prompts; B takes the first B."""
+    samples. `distinct_prompts` holds at least max(sizes) prompts; B takes the first B. The Bs are taken
+    from the smallest up, both modes at each, within `budget` (kvlab.facts.budget): each next B
+    predicted from the last one measured, scaled by the rows; a B that would not fit, and every larger
+    one, is cut (from both modes). The rows come mode by mode."""
+    budget = budget or Budget(None)
     sizes = sorted(set(sizes))
     widest = max([len(shared_prompt)] + [len(p) for p in distinct_prompts[: sizes[-1]]])
     model.check_room(widest, new_tokens + 1)
     per_token = check_batch_memory(model, widest, new_tokens, sizes, memory_limit_gib)
-    alone = {"shared": [_alone(model, shared_prompt, new_tokens, device)] * sizes[-1],
-             "distinct": [_alone(model, prompt, new_tokens, device) for prompt in distinct_prompts[: sizes[-1]]]}
-    rows, runs = [], {}
-    for mode in BATCH_MODES:
-        first = None
-        for size in sizes:
-            if mode == "shared":
-                ids, mask, copies = torch.tensor([shared_prompt], device=device), None, size
-            else:
-                ids, mask = left_pad(distinct_prompts[:size], device=device)
-                copies = 1
-            samples = {"prefill_s": [], "decode_s": [], "cache_bytes": None, "new_ids": None}
+    alone = {"shared": [_alone(model, shared_prompt, new_tokens, device)], "distinct": []}
+    runs, first = {}, {}
 
-            def run(record=True):
-                result = _greedy_run(model, ids, mask, copies, new_tokens)
-                if record:
-                    samples["prefill_s"].append(result["prefill_s"])
-                    samples["decode_s"].append(result["decode_s"])
-                samples["cache_bytes"], samples["new_ids"] = result["cache_bytes"], result["new_ids"]
+    def measure(size: int) -> tuple[list[dict], float]:
+        began = time.perf_counter()
+        measured = [measure_mode(mode, size) for mode in BATCH_MODES]
+        return measured, time.perf_counter() - began
 
-            for _ in range(warmup):
-                run(record=False)
-            samples["usage"] = timing.empty_usage()
-            timing.repeat(run, repeats, max_seconds, usage=samples["usage"])
-            new_ids = samples["new_ids"].tolist()
-            differing = [row for row in range(size) if new_ids[row] != alone[mode][row]]
-            row, detail = _bench_row(mode, size, ids.shape[1], new_tokens, mask, samples, per_token, differing,
-                                     timing.judged_on(device))
-            first = first or detail["per_token"]
-            gain = timing.ratio_interval(first, detail["per_token"])
-            row.update({"S_TG_gain": gain["ratio"], "S_TG_gain_low": gain["low"], "S_TG_gain_high": gain["high"]})
-            rows.append(row)
-            runs[f"{mode} {size}"] = detail
-            log.info("%s B=%d: T_PP %.4f s, T_TG %.4f s (%.3f ms a step), S_TG %.0f t/s (%.2fx B=%d); "
-                     "cache %d bytes (formula %d); same as alone: %s", mode, size, row["T_PP s"], row["T_TG s"],
-                     row["ms_per_step"], row["S_TG t/s"], gain["ratio"], sizes[0], row["kv_bytes_measured"],
-                     row["kv_bytes_formula"], row["same_as_single"])
+    def measure_mode(mode: str, size: int) -> dict:
+        if mode == "shared":
+            ids, mask, copies = torch.tensor([shared_prompt], device=device), None, size
+            references = alone["shared"] * size
+        else:
+            ids, mask = left_pad(distinct_prompts[:size], device=device)
+            copies = 1
+            alone["distinct"] += [_alone(model, prompt, new_tokens, device)
+                                  for prompt in distinct_prompts[len(alone["distinct"]):size]]
+            references = alone["distinct"]
+        samples = {"prefill_s": [], "decode_s": [], "cache_bytes": None, "new_ids": None}
+
+        def run(record=True):
+            result = _greedy_run(model, ids, mask, copies, new_tokens)
+            if record:
+                samples["prefill_s"].append(result["prefill_s"])
+                samples["decode_s"].append(result["decode_s"])
+            samples["cache_bytes"], samples["new_ids"] = result["cache_bytes"], result["new_ids"]
+
+        for _ in range(warmup):
+            run(record=False)
+        samples["usage"] = timing.empty_usage()
+        timing.repeat(run, repeats, max_seconds, usage=samples["usage"])
+        new_ids = samples["new_ids"].tolist()
+        differing = [row for row in range(size) if new_ids[row] != references[row]]
+        row, detail = _bench_row(mode, size, ids.shape[1], new_tokens, mask, samples, per_token, differing,
+                                 timing.judged_on(device))
+        first.setdefault(mode, detail["per_token"])
+        gain = timing.ratio_interval(first[mode], detail["per_token"])
+        row.update({"S_TG_gain": gain["ratio"], "S_TG_gain_low": gain["low"], "S_TG_gain_high": gain["high"]})
+        runs[f"{mode} {size}"] = detail
+        log.info("%s B=%d: T_PP %.4f s, T_TG %.4f s (%.3f ms a step), S_TG %.0f t/s (%.2fx B=%d); "
+                 "cache %d bytes (formula %d); same as alone: %s", mode, size, row["T_PP s"], row["T_TG s"],
+                 row["ms_per_step"], row["S_TG t/s"], gain["ratio"], sizes[0], row["kv_bytes_measured"],
+                 row["kv_bytes_formula"], row["same_as_single"])
+        return row
+
+    def predict(size: int, done: list) -> float:
+        last, _, seconds = done[-1]
+        return scaled(seconds, last, size)
+
+    measured = [row for by_mode in budget.take(sizes, measure, predict, name=lambda size: f"B={size}")
+                for row in by_mode]
+    rows = sorted(measured, key=lambda row: (BATCH_MODES.index(row["mode"]), row["B"]))
     context = timing_context(device)
     return rows, {"by_mode_and_size": runs, "warmup": warmup, "repeats": repeats, "max_seconds": max_seconds,
-                  "new_tokens": new_tokens, "shared_prompt": shared_prompt, **context}
+                  "new_tokens": new_tokens, "shared_prompt": shared_prompt, "budget": budget.record(), **context}
 
 
 def _bench_row(mode: str, size: int, width: int, new_tokens: int, mask, samples: dict, per_token: int,

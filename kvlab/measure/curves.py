@@ -88,9 +88,6 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
         return scaled(seconds, work(last), work(new_tokens))
 
     rows = budget.take(new_tokens_list, measure, predict, name=lambda n: f"N={n}")
-    for cut in budget.cut:
-        log.info("%s not measured: predicted %.0f s, %.0f s left of the budget's %.0f s", cut["rung"],
-                 cut["predicted_s"], cut["left_s"], budget.seconds)
     timed = runs[str(rows[-1]["new_tokens"])] if rows else {}
     context = {key: timed[key] for key in ("device", "processor", "torch_threads")} if rows else {}
     return rows, {"by_new_tokens": {n: {key: run[key] for key in ("runs_s", "usage", "summary", "speedup")}

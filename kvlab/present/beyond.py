@@ -61,11 +61,10 @@ def sweep_section(results: dict) -> dict:
     rows = [{**row, "formulas_match": formulas_match(row), "shown": shown}
             for row, shown in zip(results["sweep"], judged["values"])]
     last = rows[-1]
-    budget = results.get("sweep_runs", {}).get("budget", {})
     return {"sweep": {"rows": rows, "last": last, "all_match": all(row["formulas_match"] for row in rows),
                       "all_same": all(row["same_ids"] for row in rows), "clock": judged["clock"],
                       "time_vs_tokens": against(judged["intervals"][-1], last["token_ratio"]),
-                      "cut": budget.get("cut", []), "budget_s": budget.get("budget_s")}}
+                      **budget_said(results.get("sweep_runs"))}}
 
 
 def latency_section(results: dict) -> dict:
@@ -163,7 +162,16 @@ def compare_section(results: dict) -> dict:
 
 
 def batch_section(results: dict) -> dict:
-    return {"batch": batch_context(results["batch"], results.get("batch_runs"))} if "batch" in results else {}
+    if "batch" not in results:
+        return {}
+    return {"batch": {**batch_context(results["batch"], results.get("batch_runs")),
+                      **budget_said(results.get("batch_runs"))}}
+
+
+def budget_said(runs: dict | None) -> dict:
+    """What a measurement's time budget left out (kvlab.facts.budget), from its runs' file."""
+    budget = (runs or {}).get("budget", {})
+    return {"cut": budget.get("cut", []), "budget_s": budget.get("budget_s")}
 
 
 def kv_waste_section(results: dict) -> dict:
