@@ -2,6 +2,8 @@
 greedy or seeded, however the engine served it (mixed prefill and decode steps, preemption and
 recomputation, prefix hits, chunked prefill, n samples sharing a prompt, static or continuous), and
 the pool is empty afterwards. Each case counts its mismatches and expects none."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -136,9 +138,17 @@ def test_each_architecture_gets_a_graph_of_its_own_and_calls_it_directly():
     assert len(paths) == 3
 
 
+def built_libraries() -> set:
+    """The C++ libraries in inductor's cache directory."""
+    from torch._inductor.runtime.runtime_utils import cache_dir
+
+    return set(Path(cache_dir()).rglob("*.so"))
+
+
 def test_a_compiled_step_is_kept_and_a_new_process_loads_it(model, monkeypatch):
     """The compiled step is kept on disk: an engine of the same architecture in a new process (the
-    process's loaded steps forgotten) loads it and compiles nothing, and serves generate's tokens; a
+    process's loaded steps forgotten) loads it, compiling nothing (no graph, no C++ library built
+    again), and serves generate's tokens; a
     file that cannot be loaded is said so, compiled again and replaced."""
     from kvlab.engine import aot
     from kvlab.serving.compiled_step import compiled_graphs
@@ -149,9 +159,10 @@ def test_a_compiled_step_is_kept_and_a_new_process_loads_it(model, monkeypatch):
     path = first.runner.compiled.program.path
     assert path.is_file() and path.parent == aot.cache_dir()
     monkeypatch.setattr(aot, "_LOADED", {})
-    graphs = compiled_graphs()
+    graphs, libraries = compiled_graphs(), built_libraries()
     result, again = serve(model, ServingConfig(num_blocks=32, max_num_seqs=3), requests)
     assert again.runner.compiled.program.from_cache and again.runner.compiled.compiles == 0
+    assert built_libraries() == libraries, "loading the step built its C++ again"
     assert compiled_graphs() == graphs and mismatches(model, result, requests) == []
     # a file cut short: not used, compiled again and replaced
     path.write_bytes(path.read_bytes()[:100])

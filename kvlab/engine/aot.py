@@ -110,7 +110,9 @@ def function(parts: tuple, modules: tuple, compile: Callable[[], object]) -> Pro
     compiled = None
     if path.is_file():
         try:
-            with open(path, "rb") as file:
+            # loaded under the options it was compiled with: inductor finds its C++ built by them (under
+            # others it would build it again)
+            with open(path, "rb") as file, torch._inductor.config.patch(NO_HEADERS):
                 compiled = torch.compiler.load_compiled_function(file)
         except Exception as error:  # cut short, or saved by another torch: compiled again
             warnings.warn(f"{path}: cannot be loaded ({type(error).__name__}: {error}); compiling it again",
