@@ -174,6 +174,7 @@ rule temp_curve:
         t_min=EXTRAS["temp_curve"]["min"],
         t_max=EXTRAS["temp_curve"]["max"],
         t_step=EXTRAS["temp_curve"]["step"],
+        budget_s=EXTRAS["temp_curve"].get("budget_s"),
     script:
         "../scripts/temp_curve.py"
 

@@ -46,8 +46,8 @@ def test_a_ladder_keeps_what_fits_and_cuts_the_rest_in_order(costs, seconds):
     if budget.cut:
         first = budget.cut[0]
         assert first["predicted_s"] == costs[len(measured)] and sum(costs[: len(measured)]) + first["predicted_s"] > seconds
-    record = budget.record()
-    assert record["budget_s"] == seconds and record["spent_s"] == sum(costs[: len(measured)])
+    assert budget.record() == {"budget_s": seconds, "cut": budget.cut}
+    assert budget.spent() == sum(costs[: len(measured)])
 
 
 def test_no_budget_measures_every_rung():
@@ -85,16 +85,17 @@ def test_the_report_says_what_each_budget_left_out(course_build, tmp_path, langu
     results = tmp_path / "results"
     shutil.copytree(course_build / "results", results)
     before = render(results, "beyond", language)
-    assert "extras.sweep.budget_s" not in before and "extras.batch.budget_s" not in before
-    for name, cut in (("sweep_runs", ["N=128", "N=256"]), ("batch_runs", ["B=32", "B=64"])):
+    assert "budget_s" not in before
+    for name, cut in (("sweep_runs", ["N=128", "N=256"]), ("batch_runs", ["B=32", "B=64"]),
+                      ("temp_curve_answers", ["T=0.2", "T=0.4"])):
         runs = json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
         runs["budget"] = {"budget_s": 60, "spent_s": 31.0,
                           "cut": [{"rung": rung, "predicted_s": 240.4 * (1 + index), "left_s": 29.0}
                                   for index, rung in enumerate(cut)]}
         (results / f"{name}.json").write_text(json.dumps(runs), encoding="utf-8")
     beyond = render(results, "beyond", language)
-    sweep, batch = beyond.split("`extras.sweep.budget_s`")[1], beyond.split("`extras.batch.budget_s`")[1]
-    assert sweep.split("\n")[0].count("N=128, N=256") == 1 and batch.split("\n")[0].count("B=32, B=64") == 1
+    for key, cut in (("sweep", "N=128, N=256"), ("batch", "B=32, B=64"), ("temp_curve", "T=0.2, T=0.4")):
+        assert beyond.split(f"`extras.{key}.budget_s`")[1].split("\n")[0].count(cut) == 1, key
     assert beyond.count("240") >= 2 and "60" in beyond
 
 
@@ -110,3 +111,26 @@ def test_the_batch_bench_leaves_out_the_sizes_its_budget_cannot_hold():
     assert [(row["mode"], row["B"]) for row in rows] == [("shared", 1), ("shared", 2), ("distinct", 1), ("distinct", 2)]
     assert all(row["same_as_single"] for row in rows)
     assert [cut["rung"] for cut in runs["budget"]["cut"]] == ["B=4", "B=8"]
+
+
+def test_the_temperature_curve_thins_its_grid_to_its_budget_and_keeps_the_sheets_points(tokenizer_dir):
+    """Within a budget it cannot meet, the curve measures the sheet's temperatures (at least two points)
+    and cuts the rest, recorded; its rows are by temperature and each point is the one a full curve
+    measures (every temperature reseeded as the lab does)."""
+    from kvlab.engine.tokenizer import load_tokenizer
+    from kvlab.measure.curves import coarse_first, temp_curve
+
+    grid = [0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    order = coarse_first(grid, [1.0])
+    assert order[:3] == [1.0, 0.5, 2.0] and sorted(order) == grid
+    assert order.index(1.5) < order.index(0.75)  # every 4th point before every 2nd
+    tokenizer = load_tokenizer(tokenizer_dir)
+    model = random_model(2, vocab_size=tokenizer.vocab_size)
+    args = (model, tokenizer, "가람 마을의 특산물은?", grid, [1.0, 1.5], 4, 5, 0, torch.device("cpu"))
+    rows, answers, budget = temp_curve(*args, budget=Budget(1e-6))
+    assert [row["temperature"] for row in rows] == [1.0, 1.5] and list(answers) == ["1.0", "1.5"]
+    assert [cut["rung"] for cut in budget["cut"]] == [f"T={t}" for t in order if t not in (1.0, 1.5)]
+    full, full_answers, nothing = temp_curve(*args)
+    assert nothing["cut"] == [] and [row["temperature"] for row in full] == grid
+    assert [row for row in full if row["temperature"] in (1.0, 1.5)] == rows
+    assert {key: full_answers[key] for key in answers} == answers

@@ -60,8 +60,8 @@ class Budget:
         return [result for _, result, _ in done]
 
     def record(self) -> dict:
-        """What the result keeps: the budget, the seconds spent, every rung cut."""
-        return {"budget_s": self.seconds, "spent_s": self.spent(), "cut": list(self.cut)}
+        """What the result keeps: the budget and every rung cut (the seconds spent are the job's log's)."""
+        return {"budget_s": self.seconds, "cut": list(self.cut)}
 
 
 def scaled(cost: float, measured_work: float, next_work: float) -> float:

@@ -23,7 +23,7 @@ from kvlab.engine import sampling
 from kvlab.engine.device import timing_context
 from kvlab.measure import steps
 from kvlab.facts import timing
-from kvlab.facts.budget import Budget, scaled
+from kvlab.facts.budget import KEPT_RUNGS, Budget, scaled
 from kvlab.facts.formulas import MODES, fed_formulas
 from kvlab.facts.timing import fit_step_cost, predict_time  # noqa: F401  (the per-step fit, torch-free)
 
@@ -258,25 +258,53 @@ class SampledEntropy:
 
 
 def temp_curve(model, tokenizer, question: str, temperatures, lab_temperatures, samples: int, max_new_tokens: int,
-               seed: int, device) -> tuple[list[dict], dict]:
+               seed: int, device, budget: Budget | None = None) -> tuple[list[dict], dict, dict]:
     """Step 5 at every temperature of `temperatures` and of the lab sheet's `lab_temperatures` (so the
     curve passes through step 5's own points; `lab_temperature` says which), each reseeded as the lab
     does: distinct answers of `samples` and the mean per-token entropy of the sampled distribution.
-    Returns (rows, answers by key)."""
-    temperatures = sorted(set(temperatures) | set(lab_temperatures))
-    rows, answers = [], {}
-    started = time.perf_counter()
-    for index, temperature in enumerate(temperatures, start=1):
+    Within `budget` (kvlab.facts.budget) the sheet's temperatures come first, then the grid coarse to
+    fine (`coarse_first`), each next one predicted to take the mean of those measured; where one would
+    not fit, the rest are cut and the curve is the coarser grid. Returns (rows by temperature, answers
+    by key, what the budget recorded)."""
+    budget = budget or Budget(None)
+    lab = sorted(set(lab_temperatures))
+    order = coarse_first(sorted(set(temperatures) | set(lab)), lab)
+    answers = {}
+
+    def measure(temperature: float) -> tuple[dict, float]:
+        began = time.perf_counter()
         entropy = SampledEntropy(temperature, tokenizer.eos_id)
         with steps.recording_forward(model, observe=entropy):
             counts, side = steps.temperature_answers(model, tokenizer, question, [temperature], samples,
                                                    max_new_tokens, seed, device)
         key = str(temperature)
-        rows.append({"temperature": temperature, "distinct": counts[key]["distinct"], "samples": samples,
-                     "mean_entropy_nats": entropy.mean_nats, "sampled_tokens": entropy.tokens,
-                     "vocab_size": entropy.vocab_size, "lab_temperature": temperature in lab_temperatures})
         answers[key] = side["answers"][key]
-        log.info("[%d/%d] T=%s: %d distinct of %d, mean entropy %.3f nats over %d tokens; %.1f s so far",
-                 index, len(temperatures), key, counts[key]["distinct"], samples, entropy.mean_nats,
-                 entropy.tokens, time.perf_counter() - started)
-    return rows, answers
+        log.info("T=%s: %d distinct of %d, mean entropy %.3f nats over %d tokens; %.1f s so far", key,
+                 counts[key]["distinct"], samples, entropy.mean_nats, entropy.tokens, budget.spent())
+        return ({"temperature": temperature, "distinct": counts[key]["distinct"], "samples": samples,
+                 "mean_entropy_nats": entropy.mean_nats, "sampled_tokens": entropy.tokens,
+                 "vocab_size": entropy.vocab_size, "lab_temperature": temperature in lab_temperatures},
+                time.perf_counter() - began)
+
+    def predict(temperature: float, done: list) -> float:
+        return sum(seconds for *_, seconds in done) / len(done)
+
+    rows = budget.take(order, measure, predict, name=lambda t: f"T={t}", keep=max(len(lab), KEPT_RUNGS))
+    rows.sort(key=lambda row: row["temperature"])
+    return rows, {key: answers[key] for key in sorted(answers, key=float)}, budget.record()
+
+
+def coarse_first(temperatures: list[float], first: list[float]) -> list[float]:
+    """`first`, then the rest of the sorted grid `temperatures` coarse to fine: its two ends, then every
+    8th point, every 4th, every 2nd, every one; a prefix of it is an evenly thinned curve."""
+    order = list(first)
+    stride = 1
+    while stride * 2 < len(temperatures):
+        stride *= 2
+    for index in (0, len(temperatures) - 1):
+        if temperatures[index] not in order:
+            order.append(temperatures[index])
+    while stride >= 1:
+        order += [t for t in temperatures[::stride] if t not in order]
+        stride //= 2
+    return order

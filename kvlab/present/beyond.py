@@ -154,7 +154,8 @@ def temp_curve_section(results: dict) -> dict:
     return {"temp_curve": {"rows": rows, "first": rows[0], "last": rows[-1],
                            "max_distinct": max(rows, key=lambda row: row["distinct"]),
                            "distinct": direction(row["distinct"] for row in rows),
-                           "entropy": direction(row["mean_entropy_nats"] for row in rows)}}
+                           "entropy": direction(row["mean_entropy_nats"] for row in rows),
+                           **budget_said(results.get("temp_curve_answers"))}}
 
 
 def compare_section(results: dict) -> dict:
