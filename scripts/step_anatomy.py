@@ -3,6 +3,7 @@ cost, torch.profiler for the computation), and a decode step at growing context 
 MiniMind's torch.cat cache against a preallocated one (and, when configured, a compiled one):
 results/step_anatomy.json."""
 from kvlab.checkpoints import load_model_input
+from kvlab.facts.budget import Budget
 from kvlab.io import read_json, write_json_atomic
 from kvlab.measure.anatomy import PARTS, STEPS, cache_curve, step_anatomy
 from kvlab.measure.steps import use_threads
@@ -14,15 +15,18 @@ def main(snakemake):
     prompt = read_json(snakemake.input.prompt)["ids"]
     p = snakemake.params
     use_threads(p.threads)
-    anatomy = step_anatomy(model, prompt, p.new_tokens, p.warmup, p.repeats, p.rounds, p.profile_repeats, device)
+    # the curve's fixed work first; the anatomy's rounds then take what is left of the budget
+    budget = Budget(getattr(p, "budget_s", None))
+    curve = cache_curve(model, prompt, p.contexts, p.warmup, p.repeats, p.max_seconds, p.new_tokens, p.samples,
+                        p.seed, device, compile_mode=p.compile)
+    anatomy = step_anatomy(model, prompt, p.new_tokens, p.warmup, p.repeats, p.rounds, p.profile_repeats, device,
+                           budget)
     for name in STEPS:
         step = anatomy[name]
         log.info("%s: %.3f ms unprofiled; fixed %.3f ms + computation %.3f ms = %.3f ms (%+.1f%%, same operators: %s; "
                  "%d operator calls): %s", name, step["step_ms"], step["ms"]["fixed"], step["compute_ms"],
                  step["sum_ms"], 100 * step["sum_of_parts_off"], step["same_operators"], step["operator_calls"],
                  ", ".join(f"{part} {100 * step['shares'][part]:.1f}%" for part in PARTS))
-    curve = cache_curve(model, prompt, p.contexts, p.warmup, p.repeats, p.max_seconds, p.new_tokens, p.samples,
-                        p.seed, device, compile_mode=p.compile)
     for kind in curve["kinds"]:
         log.info("%s: %s ms at contexts %s; %.3f ms more per 1,000 tokens", kind,
                  ", ".join(f"{ms:.3f}" for ms in curve[kind]["step_ms"]), p.contexts, curve[kind]["ms_per_1000_context"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
+import time
 from contextlib import ExitStack, contextmanager
 
 import numpy as np
@@ -40,6 +41,7 @@ from kvlab.engine.device import timing_context
 from kvlab.engine.model import KV_CACHES, Attention, MiniMindForCausalLM, RMSNorm, StaticCache
 from kvlab.measure import steps
 from kvlab.facts import timing
+from kvlab.facts.budget import Budget
 
 # What a step's time is spent on: the fixed cost, then the arithmetic of the operators by what they do.
 COMPUTE_PARTS = ("matmul", "attention", "norm", "rope", "cache", "sampling", "other_operators")
@@ -54,6 +56,8 @@ SCOPE = "kvlab::"
 _GENERATE = inspect.signature(MiniMindForCausalLM.generate).parameters
 GREEDY_KNOBS = {knob: steps.GREEDY.get(knob, _GENERATE[knob].default)
                 for knob in ("temperature", "top_k", "top_p", "repetition_penalty", "do_sample")}
+# The anatomy's rounds run whatever its budget: its quartiles need a few profiled pairs a step.
+ROUNDS_KEPT = 3
 # The parts' sum may differ from the step timed without the profiler by this share and still "add up".
 ADDS_UP_WITHIN = 0.10
 
@@ -161,7 +165,7 @@ def _raw_events(prof) -> list[tuple[int, int, str]]:
 
 
 def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, rounds: int,
-                 profile_repeats: int, device) -> dict:
+                 profile_repeats: int, device, budget: Budget | None = None) -> dict:
     """The lab's last step, three ways (`_steps_to_open`), on the model and on its shrunk copy.
 
     In each of `rounds` rounds, for each step: `repeats` / `rounds` calls (rounded up) of the model's
@@ -178,7 +182,11 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     - `sum_ms` = fixed + computation and its `shares` (they add up to 1); `sum_of_parts_off` against
       the unprofiled median, which is the profiled computation against the unprofiled widths' cost;
       `adds_up` when within ADDS_UP_WITHIN and both models made the same operator calls
-      (`same_operators`)."""
+      (`same_operators`).
+    Within `budget` (kvlab.facts.budget) the rounds stop where the next one, predicted to take the mean
+    of those run, would not fit (three always run); `rounds` is then the rounds run, and what was cut is
+    recorded under `budget`."""
+    budget = budget or Budget(None)
     shrunk = shrunk_copy(model)
     ids, context_tokens = _last_step_ids(model, prompt_ids, new_tokens, device)
     opened = {"model": _steps_to_open(model, ids, device), "shrunk": _steps_to_open(shrunk, ids, device)}
@@ -194,7 +202,9 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     pooled = {name: dict.fromkeys(COMPUTE_PARTS, 0) for name in STEPS}
     names = {which: {name: collections.Counter() for name in STEPS} for which in opened}
     calls = {name: [] for name in STEPS}
-    for _ in range(rounds):
+
+    def one_round(_) -> tuple[None, float]:
+        began = time.perf_counter()
         for name in STEPS:
             for _ in range(per_round):
                 for which in opened:
@@ -213,10 +223,14 @@ def step_anatomy(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
                 names["model"][name] += mine.names
                 names["shrunk"][name] += theirs.names
                 calls[name].append(mine.calls)
+        return None, time.perf_counter() - began
+
+    rounds = len(budget.take(list(range(rounds)), one_round, lambda _, done: sum(s for *_, s in done) / len(done),
+                             name=lambda index: f"round {index + 1}", keep=ROUNDS_KEPT))
     result = {"prompt_len": len(prompt_ids), "new_tokens": new_tokens, "context_tokens": context_tokens,
               "steps": list(STEPS), "parts": list(PARTS), "compute_parts": list(COMPUTE_PARTS),
               "shrunk_sizes": SHRUNK_SIZES, "rounds": rounds, "profiled_pairs": rounds * profile_repeats,
-              **timing_context(device)}
+              "budget": budget.record(), **timing_context(device)}
     judged = timing.judged_on(device)
     for name in STEPS:
         step = timing.summary(samples["model"][name], usage["model"][name], judged)

@@ -184,7 +184,8 @@ def kv_waste_section(results: dict) -> dict:
 def anatomy_section(results: dict) -> dict:
     if "step_anatomy" not in results:
         return {}
-    return {"anatomy": anatomy_context(results["step_anatomy"], results.get("latency"))}
+    return {"anatomy": {**anatomy_context(results["step_anatomy"], results.get("latency")),
+                        **budget_said(results["step_anatomy"]["anatomy"])}}
 
 
 def fidelity_section(results: dict) -> dict:
