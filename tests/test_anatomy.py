@@ -237,3 +237,18 @@ def test_changing_a_knob_reruns_only_the_anatomy_and_its_readers(course_build, c
     assert result.returncode == 1
     assert (result.stdout + result.stderr).strip().splitlines()[-1] == (
         "config key 'extras.step_anatomy.contexts': [64, 16] should rise, each length once")
+
+
+def test_the_anatomy_runs_the_rounds_its_budget_holds_and_says_which_it_cut(model):
+    """With a budget it cannot meet, the anatomy runs its three kept rounds (their profiled pairs and
+    unprofiled calls, no more) and records the rest as cut; without one it runs every round."""
+    from kvlab.facts.budget import Budget
+
+    args = (model, PROMPT[0].tolist(), 4)
+    knobs = dict(warmup=0, repeats=5, rounds=5, profile_repeats=1, device=torch.device("cpu"))
+    cut = anatomy.step_anatomy(*args, **knobs, budget=Budget(1e-6))
+    assert cut["rounds"] == anatomy.ROUNDS_KEPT and cut["profiled_pairs"] == anatomy.ROUNDS_KEPT
+    assert [c["rung"] for c in cut["budget"]["cut"]] == ["round 4", "round 5"]
+    assert all(len(cut[name]["step_samples_s"]) == anatomy.ROUNDS_KEPT for name in anatomy.STEPS)
+    full = anatomy.step_anatomy(*args, **knobs)
+    assert full["rounds"] == 5 and full["budget"]["cut"] == []
