@@ -52,6 +52,7 @@ rule latency:
         new_tokens=config["lab"]["time"]["new_tokens"],
         warmup=EXTRAS["latency"]["warmup"],
         repeats=EXTRAS["latency"]["repeats"],
+        budget_s=EXTRAS["latency"].get("budget_s"),
     script:
         "../scripts/latency.py"
 

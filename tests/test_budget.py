@@ -87,14 +87,15 @@ def test_the_report_says_what_each_budget_left_out(course_build, tmp_path, langu
     before = render(results, "beyond", language)
     assert "budget_s" not in before
     for name, cut in (("sweep_runs", ["N=128", "N=256"]), ("batch_runs", ["B=32", "B=64"]),
-                      ("temp_curve_answers", ["T=0.2", "T=0.4"])):
+                      ("temp_curve_answers", ["T=0.2", "T=0.4"]), ("latency", ["without_cache timed generations 3-3"])):
         runs = json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
         runs["budget"] = {"budget_s": 60, "spent_s": 31.0,
                           "cut": [{"rung": rung, "predicted_s": 240.4 * (1 + index), "left_s": 29.0}
                                   for index, rung in enumerate(cut)]}
         (results / f"{name}.json").write_text(json.dumps(runs), encoding="utf-8")
     beyond = render(results, "beyond", language)
-    for key, cut in (("sweep", "N=128, N=256"), ("batch", "B=32, B=64"), ("temp_curve", "T=0.2, T=0.4")):
+    for key, cut in (("sweep", "N=128, N=256"), ("batch", "B=32, B=64"), ("temp_curve", "T=0.2, T=0.4"),
+                     ("latency", "without_cache timed generations 3-3")):
         assert beyond.split(f"`extras.{key}.budget_s`")[1].split("\n")[0].count(cut) == 1, key
     assert beyond.count("240") >= 2 and "60" in beyond
 
@@ -134,3 +135,20 @@ def test_the_temperature_curve_thins_its_grid_to_its_budget_and_keeps_the_sheets
     assert nothing["cut"] == [] and [row["temperature"] for row in full] == grid
     assert [row for row in full if row["temperature"] in (1.0, 1.5)] == rows
     assert {key: full_answers[key] for key in answers} == answers
+
+
+def test_the_latency_split_plans_its_runs_from_its_warm_up():
+    """With a budget it cannot meet, each mode times LATENCY_RUNS generations (planned from its warm-up)
+    and records the rest as cut; without one, `repeats` (or more while unstable)."""
+    from kvlab.measure.curves import LATENCY_RUNS, step_latency
+
+    model = random_model(0)
+    args = (model, [1] + list(range(5, 25)), 4, 1, 4, 0.05, torch.device("cpu"))
+    tight = step_latency(*args, budget=Budget(1e-6))
+    for label in ("with_cache", "without_cache"):
+        assert len(tight[label]["generate_samples_s"]) == LATENCY_RUNS
+    assert [cut["rung"] for cut in tight["budget"]["cut"]] == [
+        f"with_cache timed generations {LATENCY_RUNS + 1}-4", f"without_cache timed generations {LATENCY_RUNS + 1}-4"]
+    full = step_latency(*args)
+    assert all(len(full[label]["generate_samples_s"]) >= 4 for label in ("with_cache", "without_cache"))
+    assert full["budget"]["cut"] == []

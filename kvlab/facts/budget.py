@@ -59,6 +59,20 @@ class Budget:
             done.append((rung, result, seconds))
         return [result for _, result, _ in done]
 
+    def runs(self, run_s: float, asked: int, least: int, name: str, sharing: int = 1) -> int:
+        """How many runs of `run_s` seconds each (a first one measured) fit what is left of the budget,
+        shared evenly with `sharing - 1` measurements still to come: `asked` at most, `least` at least.
+        The runs left out are recorded as cut, each predicted to take `run_s`."""
+        if self.seconds is None:
+            return asked
+        left = max(0.0, self.seconds - self.spent())
+        planned = max(least, min(asked, int(left / sharing // max(run_s, 1e-9))))
+        if planned < asked:
+            self.cut.append({"rung": f"{name} {planned + 1}-{asked}", "predicted_s": run_s, "left_s": left})
+            log.info("%s: %d of %d runs, each some %.1f s, within the budget's %.0f s left", name, planned, asked,
+                     run_s, left)
+        return planned
+
     def record(self) -> dict:
         """What the result keeps: the budget and every rung cut (the seconds spent are the job's log's)."""
         return {"budget_s": self.seconds, "cut": list(self.cut)}

@@ -77,8 +77,9 @@ def cost_sweep(model, prompt_ids: list[int], new_tokens_list, warmup: int, repea
         began = time.perf_counter()
         row, runs[str(new_tokens)] = sweep_point(model, prompt_ids, new_tokens, warmup, repeats, long_from,
                                                  long_repeats, max_seconds, device)
-        log.info("N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d / %d runs; %.1f s so far",
-                 new_tokens, row["fed_with_cache"], row["fed_without_cache"], row["formula_with_cache"],
+        log.info("[%d/%d] N=%d: fed %d / %d (formulas %d / %d), median %.4f s / %.4f s over %d / %d runs; "
+                 "%.1f s so far", new_tokens_list.index(new_tokens) + 1, len(new_tokens_list), new_tokens,
+                 row["fed_with_cache"], row["fed_without_cache"], row["formula_with_cache"],
                  row["formula_without_cache"], row["with_cache_s"], row["without_cache_s"], row["with_cache_n"],
                  row["without_cache_n"], budget.spent())
         return row, time.perf_counter() - began
@@ -126,8 +127,12 @@ def sweep_point(model, prompt_ids: list[int], new_tokens: int, warmup: int, repe
 # ---------------------------------------------------------------------------
 
 
+# The latency split's timed generations a mode whatever its budget: a median and a spread of two.
+LATENCY_RUNS = 2
+
+
 def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
-                 device) -> dict:
+                 device, budget: Budget | None = None) -> dict:
     """Time every forward call of the greedy generation, in both modes.
 
     Each mode runs `warmup` untimed generations, then timed ones, `repeats` and more while the
@@ -141,16 +146,26 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     also made on each timed generation of both modes (the i-th of each), for its spread. The
     wrapper that times every step synchronises and records at each one, so these generations
     run a little slower than step 3's. Each generation's clocks (`usage`, kvlab.facts.timing) judge
-    whether the machine took from it (`contended`), for the whole generation and its TTFT alike."""
+    whether the machine took from it (`contended`), for the whole generation and its TTFT alike.
+
+    Within `budget` (kvlab.facts.budget) each mode's timed generations are planned from its last
+    warm-up's seconds: as many as fit its share of what is left (`repeats` at most, LATENCY_RUNS at
+    least), none repeated past them; the generations left out are recorded."""
+    budget = budget or Budget(None)
     prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
     prompt_len = len(prompt_ids)
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "warmup": warmup, "repeats": repeats,
                     "max_seconds": max_seconds, **timing_context(device)}
     runs: dict[str, list] = {}
     judged = timing.judged_on(device)
-    for label, use_cache in MODES:
+    for index, (label, use_cache) in enumerate(MODES):
+        warm_s = None
         for _ in range(warmup):
+            began = time.perf_counter()
             model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
+            warm_s = time.perf_counter() - began
+        planned = repeats if warm_s is None else budget.runs(warm_s, repeats, LATENCY_RUNS,
+                                                             f"{label} timed generations", len(MODES) - index)
         runs[label] = []
 
         def generate():
@@ -159,7 +174,7 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
             runs[label].append(calls)
 
         usage = timing.empty_usage()
-        generate_s = timing.repeat(generate, repeats, max_seconds, usage=usage)
+        generate_s = timing.repeat(generate, planned, max_seconds if planned == repeats else 0, usage=usage)
         log.info("%s: %d timed generations of %d steps, median %.4f s", label, len(generate_s),
                  len(runs[label][0].seconds), float(np.median(generate_s)))
         fed = runs[label][0].fed_lengths
@@ -197,6 +212,7 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     result["measured"] = timing.ratio_interval(result["without_cache"]["generate"], result["with_cache"]["generate"])
     # The prefill is the same work in both modes: TTFTs whose spreads do not meet are a timing artefact
     # (a first call after a switch of mode, the machine's speed changing), not a finding.
+    result["budget"] = budget.record()
     result["ttft_agree"] = timing.overlap(*((result[label]["ttft"]["q1_s"], result[label]["ttft"]["q3_s"])
                                             for label, _ in MODES))
     return result

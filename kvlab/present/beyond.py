@@ -91,7 +91,7 @@ def latency_section(results: dict) -> dict:
         "predicted": {**predicted, "speedup": speedup},
         # the speedup of these same instrumented generations, the one the fit predicts, on the judged clock
         "measured": judged,
-        "new_tokens": latency["new_tokens"],
+        "new_tokens": latency["new_tokens"], **budget_said(latency),
         "prompt_len": latency["prompt_len"],
         "ttft_agree": latency["ttft_agree"],
         # a fit that explains little, or a negative fixed cost, says the clock was noisy
