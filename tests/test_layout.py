@@ -39,6 +39,7 @@ def test_layering_contracts_are_kept():
         ("measure/steps.py", "from kvlab.grade import check", "Parts:"),  # nor grades
         ("facts/formulas.py", "import kvlab.engine.model", "Never PyTorch"),  # the facts stay torch-free
         ("engine/tokenizer.py", "import kvlab.workflow", "Parts:"),
+        ("kernels/ops.py", "from kvlab.engine import step", "Parts:"),  # the C++ operators are the engine's floor
         ("serving/stats.py", "from kvlab.measure import steps", "Parts:"),  # the serving engine sees the facts and the engine
         ("serving/engine.py", "import kvlab.server.protocol", "Parts:"),  # nor the HTTP server on top of it
         ("grade/check.py", "import snakemake", "No kvlab module imports Snakemake"),

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kvlab.engine import sampling
 from kvlab.engine.sampling import top_p_keep
-from kvlab.serving import cpu_attention
+from kvlab.kernels import loader, ops
 
 
 def brute_force_survivors(probs: list[float], p: float) -> int:
@@ -129,5 +129,5 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
     assert sampling.greedy_choice(strided, temperatures) == expected
     # the compiled steps' rule, in torch (the serving step's per row, generate's fast step's for all rows)
     assert sampling.greedy_picks(logits, torch.tensor(temperatures, dtype=dtype)[:, None]).tolist() == expected
-    if dtype == torch.float32 and cpu_attention.library():  # and in C++ (kvlab.serving.cpu_greedy)
-        assert torch.ops.kvlab.greedy_pick(strided, torch.tensor(temperatures)).tolist() == expected
+    if dtype == torch.float32 and loader.library():  # and in C++ (kvlab.kernels' kvlab::greedy_pick)
+        assert ops.greedy_pick(strided, torch.tensor(temperatures)).tolist() == expected

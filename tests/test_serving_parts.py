@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.engine.fast import find_cpp_compiler as fast_compiler
 from kvlab.engine.model import attention
-from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, cpu_attention, generate_alone
+from kvlab.kernels import loader, ops
+from kvlab.serving import SamplingParams, ServingConfig, ServingEngine, generate_alone
 from kvlab.serving.block_pool import BlockPool, chain_hash, prefix_hashes, zeroed_memory
 from kvlab.serving.compiled_step import step_rows
 from kvlab.serving.paged_attention import block_attention, block_index, gather_kv, paged_attention, slot_ids
@@ -226,13 +226,13 @@ def test_block_attention_is_minimind_attention_row_by_row():
 @given(data=st.data(), head_dim=st.sampled_from([32, 64, 8, 40]), group=st.sampled_from([2, 4, 3]),
        block_size=st.sampled_from([16, 4, 12]), scale=st.sampled_from([1.0, 6.0]))
 def test_the_cpu_kernel_is_minimind_attention_row_by_row(data, head_dim, group, block_size, scale):
-    """kvlab.serving.cpu_attention (C++, the compiled step's attention on a CPU) against MiniMind's
+    """kvlab::paged_attention (kvlab.kernels, C++: the compiled step's attention on a CPU) against MiniMind's
     attention of each row alone: its vectorised shapes (head_dim 32 and 64) and the loop every other
     shape takes, blocks of 16 (two lanes of eight positions), 12 (eight and a rest) and 4, prompt rows
     that read the same blocks up to their own positions, scores far apart (scale 6: its exponential at
     work far below the largest)."""
-    if not cpu_attention.usable(torch.empty(0)):
-        pytest.skip("no C++ compiler built kvlab.serving.cpu_attention's kernel")
+    if not loader.usable(torch.empty(0)):
+        pytest.skip("no C++ compiler built kvlab.kernels' operators")
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16)))
     kv_heads = 2
     pieces, tables, next_block = [], [], 0
@@ -245,7 +245,7 @@ def test_the_cpu_kernel_is_minimind_attention_row_by_row(data, head_dim, group, 
     keys, values = torch.randn(2, next_block + 1, block_size, kv_heads, head_dim, generator=generator)
     rows = step_rows(pieces, block_size, next_block, "cpu")
     q = torch.randn(len(rows.positions), 1, kv_heads * group, head_dim, generator=generator) * scale
-    got = torch.ops.kvlab.paged_attention(q, keys, values, rows.positions, rows.pair_rows, rows.pair_blocks)
+    got = ops.paged_attention(q, keys, values, rows.positions, rows.pair_rows, rows.pair_blocks)
     if len(tables) < len(rows.positions):  # a lone row's partner on the scratch block
         tables.append([next_block])
     expected = reference_attention(q, keys, values, tables, rows.positions.tolist())
@@ -253,16 +253,16 @@ def test_the_cpu_kernel_is_minimind_attention_row_by_row(data, head_dim, group, 
 
 
 def test_a_compiler_that_fails_is_said_once_and_the_step_keeps_block_attention(monkeypatch, tmp_path):
-    """Where the compiler cannot build the kernel (here: one that always fails), `usable` says no and
-    warns once, naming the compiler; nothing half-built is left where a later process would load it."""
-    from kvlab.engine import fast
-
-    monkeypatch.setattr(cpu_attention, "_LOADED", None)
-    monkeypatch.setattr(fast, "find_cpp_compiler", lambda: "false")
-    monkeypatch.setattr(cpu_attention.tempfile, "gettempdir", lambda: str(tmp_path))
-    with pytest.warns(RuntimeWarning, match="false could not build the paged-attention kernel") as said:
-        assert not cpu_attention.usable(torch.empty(1, 16, 2, 32))
-        assert not cpu_attention.usable(torch.empty(1, 16, 2, 32))
+    """Where the compiler cannot build the C++ operators' library (here: one that always fails), `usable`
+    says no and warns once, naming the compiler; nothing half-built is left where a later process would
+    load it."""
+    monkeypatch.setattr(loader, "_LOADED", None)
+    monkeypatch.setattr(loader, "find_cpp_compiler", lambda: "false")
+    monkeypatch.setattr(loader.tempfile, "gettempdir", lambda: str(tmp_path))
+    said_so = r"false could not build or load the library of kvlab's C\+\+ operators"
+    with pytest.warns(RuntimeWarning, match=said_so) as said:
+        assert not loader.usable(torch.empty(1, 16, 2, 32))
+        assert not loader.usable(torch.empty(1, 16, 2, 32))
     assert len(said) == 1
     assert not list(tmp_path.rglob("*.so"))
 
@@ -270,8 +270,8 @@ def test_a_compiler_that_fails_is_said_once_and_the_step_keeps_block_attention(m
 def test_the_compiled_step_attends_with_the_cpu_kernel(model):
     """On a CPU in float32 with a compiler at hand, the engine's compiled step runs the C++ kernel."""
     engine = ServingEngine(model, ServingConfig(num_blocks=16))
-    assert engine.runner.compiled.native == cpu_attention.usable(engine.pool.keys[0])
-    if fast_compiler():
+    assert engine.runner.compiled.native == loader.usable(engine.pool.keys[0])
+    if loader.find_cpp_compiler():
         assert engine.runner.compiled.native
 
 
@@ -285,10 +285,9 @@ def test_a_step_of_one_row_is_padded_onto_the_scratch_block():
 
 
 def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eagerly(model, monkeypatch):
-    from kvlab.engine import fast
     from kvlab.serving.compiled_step import NO_COMPILER
 
-    monkeypatch.setattr(fast, "find_cpp_compiler", lambda: None)
+    monkeypatch.setattr(loader, "find_cpp_compiler", lambda: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         engine = ServingEngine(model, ServingConfig(num_blocks=16))
@@ -303,7 +302,7 @@ def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eager
 
 def test_the_steps_products_follow_the_weights_when_they_change():
     """The compiled step's products keep their copies of the weights in panels by the packed weights'
-    pack_id (kvlab.serving.cpu_linear's kvlab::linear): weights changed in place between two runs of
+    pack_id (kvlab.kernels' kvlab::linear): weights changed in place between two runs of
     one engine (a training step, a load_state_dict) are packed again, and every token of the second run
     is `generate`'s with the new weights. The four requests decode together: 4 rows, the operator's
     own product (an LM head of 1,100 outputs: 34 panels and a part)."""
@@ -330,15 +329,15 @@ def test_the_product_operator_is_f_linear():
     a float's rounding, for whole tiles of rows and the rest (8 rows a tile, 32 or 16 outputs a panel:
     1,100 outputs leave part of a panel); a new pack_id for new contents of the same
     buffer gives the new product."""
-    if not cpu_attention.usable(torch.empty(1, 16, 2, 32)):
-        pytest.skip("no C++ compiler built kvlab.serving.cpu_attention's operators")
+    if not loader.usable(torch.empty(1, 16, 2, 32)):
+        pytest.skip("no C++ compiler built kvlab.kernels' operators")
     generator = torch.Generator().manual_seed(0)
     buffer = torch.randn(3 * 1100 * 40, generator=generator)
     weight = buffer[1100 * 40:2 * 1100 * 40].view(1100, 40)  # a view inside a larger buffer, as packed weights
     pack_id = torch.tensor(10 ** 9)  # far from the ids PackedWeights hands out in this process
     for rows in (1, 2, 3, 4, 8, 13, 37, 300):
         x = torch.randn(rows, 1, 40, generator=generator)
-        got = torch.ops.kvlab.linear(x, weight, pack_id)
+        got = ops.linear(x, weight, pack_id)
         assert got.shape == (rows, 1, 1100)
         if rows < 4:
             assert torch.equal(got, torch.nn.functional.linear(x, weight))
@@ -348,6 +347,6 @@ def test_the_product_operator_is_f_linear():
         weight.mul_(-2.0)
     pack_id.fill_(10 ** 9 + 1)
     x = torch.randn(8, 40, generator=generator)
-    assert torch.allclose(torch.ops.kvlab.linear(x, weight, pack_id), torch.nn.functional.linear(x, weight),
+    assert torch.allclose(ops.linear(x, weight, pack_id), torch.nn.functional.linear(x, weight),
                           rtol=1e-5, atol=1e-5)
 

@@ -51,6 +51,7 @@ from kvlab.engine.model import CausalLMOutput, MiniMindForCausalLM, StaticCache,
 from kvlab.engine import step as step_module
 from kvlab.engine.step import (PADDED_KEY_SCORE, GreedyStep, PackedWeights, Shape, StepPlan, pack_layout,  # noqa: F401
                                packed_step_logits, shape_of, step_logits)
+from kvlab.kernels.loader import find_cpp_compiler  # the C++ compiler inductor would use on a CPU, or None
 
 # A torch.compile'd step serves every cache length up to its own; lengths are rounded up to this multiple.
 BUCKET_POSITIONS = 256
@@ -80,16 +81,7 @@ def aot_program(model: MiniMindForCausalLM, batch: int, shape: Shape, plan: Step
     return aot.program(parts, (step_module, model_module), export)
 
 
-# --- the compiler ----------------------------------------------------------------------------------
-
-
-def find_cpp_compiler() -> str | None:
-    """The C++ compiler inductor would use on a CPU (its own search: $CXX, g++, ...), or None."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-        return get_cpp_compiler()
-    except Exception:  # inductor raises its own InvalidCxxCompiler, or an older torch lacks the helper
-        return None
+# --- the compiled step -----------------------------------------------------------------------------
 
 
 _COMPILED: dict[tuple, object] = {}

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from kvlab.engine import sampling
 from kvlab.engine.model import MiniMindForCausalLM, apply_rope, rms_norm
+from kvlab.kernels import ops
 
 ATTENTIONS = ("repeat_kv", "grouped", "sdpa")
 # MiniMind's rule for a padded key (kvlab.engine.model.Attention): it scores -1e9.
@@ -126,7 +127,7 @@ class ModelWeights(NamedTuple):
     cos: torch.Tensor  # (L, D): the RoPE tables of the positions the cache holds
     sin: torch.Tensor
     # what the packed weights hold, a number no other copy into any packed weights has had in this
-    # process (PackedWeights.pack_id); given, the products go through kvlab.serving.cpu_linear's
+    # process (PackedWeights.pack_id); given, the products go through kvlab.kernels' C++ operator
     # `kvlab::linear` on its copies of the weights in panels, which it keeps by this number (see `linear`)
     pack_id: torch.Tensor | None = None
 
@@ -274,12 +275,12 @@ def stored(x: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan, pack_id: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis, of x stored;
-    with a `pack_id` (ModelWeights.pack_id), by kvlab.serving.cpu_linear's operator (its own product on
-    a copy of the weight in panels from 4 rows on, MKL's product as F.linear's below)."""
+    with a `pack_id` (ModelWeights.pack_id), by kvlab.kernels' C++ operator kvlab::linear (its own
+    product on a copy of the weight in panels from 4 rows on, MKL's product as F.linear's below)."""
     if plan.rowwise_matmul:
         return (stored(x).unsqueeze(-2) * weight).sum(-1)
     if pack_id is not None:
-        return torch.ops.kvlab.linear(x, weight, pack_id)
+        return ops.linear(x, weight, pack_id)
     return F.linear(x, weight)
 
 

@@ -16,8 +16,9 @@ import numpy as np
 
 from kvlab.engine import fast
 from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.kernels import loader
 from kvlab.measure.serving_traces import TraceRequest
-from kvlab.serving import RequestOutput, ServingConfig, ServingEngine, cpu_attention, generate_alone
+from kvlab.serving import RequestOutput, ServingConfig, ServingEngine, generate_alone
 from kvlab.serving.stats import EngineStats, StepRecord
 
 WAYS = ("one_at_a_time", "static", "continuous")  # the trace served three ways (POLICIES: the engine's two)
@@ -136,11 +137,11 @@ def ready_steps(model: MiniMindForCausalLM, config: ServingConfig, trace: list[T
     """The compiled steps a serving measurement runs, made ready before anything is timed: the engine's
     (`config`'s) and the single-request path's (one untimed pass over `trace`, whose requests need them
     all; none without a trace), each compiled where no earlier process kept it, else loaded
-    (kvlab.engine.aot). The engine's C++ kernels are built meanwhile, in a thread of their own (the
-    compiler's process runs beside the single-request path's compiling). Per step: `seconds`,
-    `loaded` (from the cache, or compiled here) and the files it is kept in; the single-request path's
-    seconds include its untimed pass."""
-    kernels = threading.Thread(target=cpu_attention.prebuild, daemon=True) if compile else None
+    (kvlab.engine.aot). The engine's C++ operators (kvlab.kernels) are built meanwhile, in a thread of
+    their own (the compiler's process runs beside the single-request path's compiling). Per step:
+    `seconds`, `loaded` (from the cache, or compiled here) and the files it is kept in; the
+    single-request path's seconds include its untimed pass."""
+    kernels = threading.Thread(target=loader.prebuild, daemon=True) if compile else None
     if kernels is not None:
         kernels.start()
     steps = {}

@@ -20,8 +20,8 @@ requests the way vLLM and nano-vllm do, small enough to read in an afternoon, on
     result = engine.run()
 
 Its contract: every request's tokens are those `generate` gives its prompt alone, greedy or seeded,
-whatever else runs beside it (tests/test_serving_engine.py). It imports kvlab.engine and the facts (its pool
-arithmetic, kvlab.facts.formulas), nothing else of kvlab.
+whatever else runs beside it (tests/test_serving_engine.py). It imports kvlab.engine, the facts (its pool
+arithmetic, kvlab.facts.formulas) and kvlab.kernels (the compiled step's C++ operators), nothing else of kvlab.
 
 What is exact, as measured (tools/serve_demo.py counts it): eager with per-request matmuls
 (`ServingConfig(compile=False)`), a request fed in the pieces `generate` feeds it (its prompt whole,

@@ -16,13 +16,13 @@ computes a second's.
 Inside (`step_logits`): the packed weights (kvlab.engine.step.PackedWeights: q/k/v and gate/up each
 one product), each row's token at its own position (RoPE rows gathered per row), its K and V written
 into its slot of the pool, attention over the blocks its table holds (on a CPU in float32,
-kvlab.serving.cpu_attention's C++ kernel, called from the graph as a custom operator; elsewhere
-kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows the
-(row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
+`kvlab::paged_attention`, kvlab.kernels' C++ operator, called from the graph as a custom operator;
+elsewhere kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows
+the (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
 rows that draw. Each product with the weights is one for all the step's rows: with the C++ operators,
 `kvlab::linear` (a product of its own on a copy of the weight in panels from 4 rows on, MKL's below);
 elsewhere the BLAS library's. Each drawing row's greedy pick, argmax(logits / temperature), is made in
-the step too, as the fast path's step makes it (on a CPU `kvlab::greedy_pick`, kvlab.serving.cpu_greedy);
+the step too, as the fast path's step makes it (on a CPU `kvlab::greedy_pick`, kvlab.kernels);
 every other choice stays eager (kvlab.engine.sampling).
 
 What it gives up: bits. `generate` alone computes its products over other row counts and its
@@ -59,10 +59,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine import aot, fast, sampling, step
+from kvlab.engine import aot, sampling, step
 from kvlab.engine import model as model_module
 from kvlab.engine.model import MiniMindForCausalLM, rms_norm
-from kvlab.serving import cpu_attention, cpu_greedy, cpu_linear
+from kvlab.kernels import loader, ops
 from kvlab.serving.block_pool import BlockPool
 from kvlab.serving.paged_attention import block_attention
 
@@ -169,7 +169,7 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
                 pool_values: list[torch.Tensor], shape: step.Shape, native: bool = False) -> torch.Tensor:
     """Every row's token at its position through the model: its K and V written into each layer's pool
     (num_blocks, bs, KV, D) at its slot, attention over positions 0 .. its position through its
-    blocks (`native`: kvlab.serving.cpu_attention's kernel, else block_attention). Returns the logits
+    blocks (`native`: kvlab.kernels' C++ operator, else block_attention). Returns the logits
     (R, V) of the `logit_rows`."""
     block_size = pool_keys[0].shape[1]
     cos, sin = weights.cos[rows.positions][:, None], weights.sin[rows.positions][:, None]  # (N, 1, D) each row's
@@ -181,8 +181,8 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
         pool_keys[index].index_put_((blocks, offsets), k[:, 0])
         pool_values[index].index_put_((blocks, offsets), v[:, 0])
         if native:
-            attended = torch.ops.kvlab.paged_attention(q, pool_keys[index], pool_values[index], rows.positions,
-                                                       rows.pair_rows, rows.pair_blocks)
+            attended = ops.paged_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
+                                           rows.pair_blocks)
         else:
             attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
                                        rows.pair_blocks, rows.pair_starts)
@@ -213,7 +213,7 @@ def step_picks(logits: torch.Tensor, temperatures: torch.Tensor, native: bool) -
     """Each logit row's greedy pick at its temperature (kvlab.engine.sampling.greedy_picks); with the C++
     operators (`native`), the same picks by kvlab::greedy_pick, which divides few logits."""
     if native:
-        return torch.ops.kvlab.greedy_pick(logits, temperatures)
+        return ops.greedy_pick(logits, temperatures)
     return sampling.greedy_picks(logits, temperatures[:, None])
 
 
@@ -260,7 +260,7 @@ class CompiledStep:
         self.weights = packed_weights_of(model, self.shape)
         self.device = model.lm_head.weight.device
         self.compiled = compile and self._compiler_found()
-        self.native = self.compiled and cpu_attention.usable(pool.keys[0])  # the C++ attention
+        self.native = self.compiled and loader.usable(pool.keys[0])  # the C++ operators
         self.compile_s = 0.0
         self.compiles = 0
         self.calls = 0
@@ -270,7 +270,7 @@ class CompiledStep:
         self.program: aot.Program | None = None  # the compiled step for this key
 
     def _compiler_found(self) -> bool:
-        if self.device.type == "cpu" and fast.find_cpp_compiler() is None:
+        if self.device.type == "cpu" and loader.find_cpp_compiler() is None:
             warnings.warn(NO_COMPILER, RuntimeWarning, stacklevel=4)
             return False
         return True
@@ -299,12 +299,12 @@ class CompiledStep:
 
     def ready(self, rows: StepRows, inputs: tuple) -> aot.Program:
         """The compiled step for this key: loaded, or compiled on `inputs` (the first step's) and kept."""
-        library = cpu_attention.library_path(fast.find_cpp_compiler()).name if self.native else None
+        library = loader.library_path(loader.find_cpp_compiler()).name if self.native else None
         # what the compiled code depends on besides the key: the threads its loops were written for, the
         # CPU its C++ was built for, the kernels' library it calls
         parts = ("serving step", repr(self.key), torch.get_num_threads(), os.uname().machine,
-                 cpu_attention.cpu_flags(), library)
-        modules = (sys.modules[__name__], sampling, step, model_module, cpu_attention, cpu_linear, cpu_greedy)
+                 loader.cpu_flags(), library)
+        modules = (sys.modules[__name__], sampling, step, model_module, loader, ops)
         graphs = compiled_graphs()
         program = aot.function(parts, modules, lambda: compile_ahead(rows, inputs))
         self.compiles += compiled_graphs() - graphs

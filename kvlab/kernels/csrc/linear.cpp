@@ -1,29 +1,24 @@
-"""The compiled step's products with its packed weights, as a C++ operator built into
-kvlab.serving.cpu_attention's library (one build, one load, the namespace `kvlab`).
+/* The compiled step's products with its packed weights on a CPU (torch.ops.kvlab.linear): F.linear,
+   x @ weight.T. From 4 rows on, a product of its own: the weight copied once into panels of 32
+   columns (16 with AVX2), each panel's 32 weights of one inner index side by side, and 8 rows of x at a
+   time against a panel, 8 x 32 sums in vector registers, each output one chain of fused multiply-adds
+   over the inner index in order; panel by panel, so each weight is read once a call whatever the rows.
+   The copy is made at a weight's first use and kept by the packed weights' `pack_id`
+   (kvlab.engine.step.PackedWeights: a number no other copy into packed weights had in this process, so
+   changed weights are copied again; the copies of the last four pack_ids are kept). Below 4 rows, and
+   where the CPU has neither AVX-512 nor AVX2 with FMA, MKL's product (at::matmul), as `generate` alone
+   computes it.
 
-`kvlab.linear(x, weight, pack_id)` is F.linear for the step's products with its packed weights. From 4
-rows on, a product of its own: the weight copied once into panels of 32 columns (16 with AVX2), each
-panel's 32 weights of one inner index side by side, and 8 rows of x at a time against a panel, 8 x 32
-sums in vector registers, each output one chain of fused multiply-adds over the inner index in order;
-panel by panel, so each weight is read once a call whatever the rows. The copy is made at a weight's
-first use and kept by the packed weights' `pack_id` (kvlab.engine.step.PackedWeights: a number no
-other copy into packed weights had in this process, so changed weights are copied again; the copies
-of the last four pack_ids are kept). Below 4 rows, and where the CPU has neither AVX-512 nor AVX2 with
-FMA, MKL's product (at::matmul), as `generate` alone computes it.
-
-Why its own: the step's products are small (the lab's model: 128 inner, 128 to 1,884 outer, 4 to 512
-rows), and what a library call costs around them counts. Measured alone on this project's machine (1
-thread, weights in cache): oneDNN's product (`mkldnn::_linear_pointwise` on its packed weight, what
-this operator called before) spent some 10 µs a call in its own bookkeeping (a primitive looked up,
-its arguments mapped, its scratchpad allocated), a tenth of the engine's run (perf, the 64-request
-benchmark); MKL's some 2-5 µs and slower kernels at these sizes. This one: 13 µs for the o
-projection at 37 rows (oneDNN 25, MKL 16), 80 µs for gate/up (94, 105), 166 µs for the LM head (181,
-220); at 500 rows within 3% of oneDNN's (at or above it for 128 and 256 outputs, 3-7% below for the
-widest). Its bits are MKL's and oneDNN's where the inner size is 128 (each sums a chain in order
-there), oneDNN's where it is 448 (MKL blocks it); checked against both at 4 to 500 rows.
-"""
-
-SOURCE = r"""
+   Why its own: the step's products are small (the lab's model: 128 inner, 128 to 1,884 outer, 4 to
+   512 rows), and what a library call costs around them counts. Measured alone on this project's
+   machine (1 thread, weights in cache): oneDNN's product (`mkldnn::_linear_pointwise` on its packed
+   weight, what this operator called before) spent some 10 µs a call in its own bookkeeping (a
+   primitive looked up, its arguments mapped, its scratchpad allocated), a tenth of the engine's run
+   (perf, the 64-request benchmark); MKL's some 2-5 µs and slower kernels at these sizes. This one: 13
+   µs for the o projection at 37 rows (oneDNN 25, MKL 16), 80 µs for gate/up (94, 105), 166 µs for the
+   LM head (181, 220); at 500 rows within 3% of oneDNN's (at or above it for 128 and 256 outputs, 3-7%
+   below for the widest). Its bits are MKL's and oneDNN's where the inner size is 128 (each sums a chain
+   in order there), oneDNN's where it is 448 (MKL blocks it); checked against both at 4 to 500 rows. */
 #include <stdint.h>
 #include <string.h>
 #include <algorithm>
@@ -35,7 +30,8 @@ SOURCE = r"""
 #include <ATen/ops/empty.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/zeros.h>
-#include <torch/library.h>
+
+#include "ops.h"
 
 /* The operator torch.ops.kvlab.linear: x @ weight.T, as F.linear, for the compiled step's products
    with the packed weights (views of one buffer, whose contents `pack_id` names: a number no other copy
@@ -128,12 +124,13 @@ static const size_t KEPT_PACKS = 4;  /* the packed weights whose copies are kept
 #define KVLAB_PANELS 0
 #endif
 
-static at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& pack_id) {
-  const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
+at::Tensor kvlab::linear(const at::Tensor& x, const at::Tensor& weight, [[maybe_unused]] const at::Tensor& pack_id) {
+  const int64_t K = weight.size(1), M = K ? x.numel() / K : 0;
   if (!KVLAB_PANELS || M < MIN_ROWS || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat ||
       !x.is_cpu())
     return at::matmul(x, weight.t());
 #if KVLAB_PANELS
+  const int64_t N = weight.size(0);
   static std::mutex lock;
   /* by pack_id, then by where the weight lies; `recent`: the pack_ids kept, the last used last */
   static std::unordered_map<int64_t, std::unordered_map<const void*, Panels>> kept;
@@ -168,13 +165,3 @@ static at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const
   return out;
 #endif
 }
-
-TORCH_LIBRARY_FRAGMENT(kvlab, m) { m.def("linear(Tensor x, Tensor weight, Tensor pack_id) -> Tensor"); }
-
-TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("linear", &linear_op); }
-"""
-
-
-def traced_shape(x, weight, pack_id):
-    """kvlab::linear's result as the compiler traces it: x's shape, its last size the weight's rows."""
-    return x.new_empty(*x.shape[:-1], weight.shape[0])

@@ -1,66 +1,36 @@
-"""The compiled step's C++ operators on a CPU: its paged attention, as one C++ function (for each row,
-its query heads against the positions 0 .. its position, read block by block through its pairs, in
-one pass over the keys and one over the values), and, built into the same library, its products
-with the weights (kvlab.serving.cpu_linear) and its greedy picks (kvlab.serving.cpu_greedy).
+/* The compiled step's paged attention on a CPU (torch.ops.kvlab.paged_attention): for each row, its
+   query heads against the positions 0 .. its position, read block by block through its pairs, in one
+   pass over the keys and one over the values.
 
-`kvlab.serving.paged_attention.block_attention` says the same in torch: inductor turns it into loops
-that score a (row, block) pair a position at a time, compute every score twice (once for the row's
-largest, once for the weights) and read whole blocks, masked. Here a row's scores are computed once
-into a scratch line, a query head's softmax runs over that line (float32, its largest subtracted, as
-MiniMind's), and the values are summed with the weights; K/V head h serves query heads h*G .. h*G+G-1
-(repeat_kv without the copy). The exponential is a polynomial (Cephes' expf; within 1.02 ulp of
-the exact value over [-87, 0], measured), written on eight lanes with the compiler's vector types, as
-are the products: eight positions' products summed at once. For the lab's model's heads (dim 32, 2
-K/V heads of 2 queries) and MiniMind's (dim 64 or 128) every head of a row is served in one pass over
-its blocks, the loops unrolled, and the next row's blocks are asked for (`__builtin_prefetch`, into
-the L2 cache) while a row works: a step's rows read blocks scattered through the pool, so memory sets
-the pace. Any other shape takes a plain loop a head at a time. A row reads no slot past its position.
+   kvlab.serving.paged_attention.block_attention says the same in torch: inductor turns it into loops
+   that score a (row, block) pair a position at a time, compute every score twice (once for the row's
+   largest, once for the weights) and read whole blocks, masked. Here a row's scores are computed once
+   into a scratch line, a query head's softmax runs over that line (float32, its largest subtracted, as
+   MiniMind's), and the values are summed with the weights; K/V head h serves query heads h*G .. h*G+G-1
+   (repeat_kv without the copy). The exponential is a polynomial (Cephes' expf; within 1.02 ulp of the
+   exact value over [-87, 0], measured), written on eight lanes with the compiler's vector types
+   (vec.h), as are the products: eight positions' products summed at once. For the lab's model's heads
+   (dim 32, 2 K/V heads of 2 queries) and MiniMind's (dim 64 or 128) every head of a row is served in
+   one pass over its blocks, the loops unrolled, and the next row's blocks are asked for
+   (`__builtin_prefetch`, into the L2 cache) while a row works: a step's rows read blocks scattered
+   through the pool, so memory sets the pace. Any other shape takes a plain loop a head at a time. A
+   row reads no slot past its position.
 
-Measured on this project's machine (1 thread, 64 rows of 30 to 300 positions, the lab's model's
-heads, blocks scattered through the pool, the weights' products' traffic between layers): 0.39-0.43 ms
-a layer, against 0.98 ms without asking for the next blocks ahead and 0.9-1.0 ms for `block_attention`
-compiled (docs/serving.md, "Then: a C++ attention").
-
-It is built once per machine with the C++ compiler inductor uses, against this torch's headers
-(`-O3 -march=native`, some 7 s), kept in the temporary directory under a name holding the hash of the
-source, the flags, torch, the compiler and the CPU's flags, and loaded with `torch.ops.load_library`:
-the source registers the operator `torch.ops.kvlab.paged_attention` itself (`TORCH_LIBRARY`), so the
-compiled graph calls it through the dispatcher with no Python between (2.5 µs a call; 17 µs when it
-was a `torch.library.custom_op` calling the kernel through ctypes). Float32 on a CPU, head dims up to
-256 only: elsewhere, or where the compiler fails (said once), the step keeps `block_attention`.
-"""
-
-from __future__ import annotations
-
-import hashlib
-import os
-import subprocess
-import tempfile
-import threading
-import warnings
-from pathlib import Path
-
-import torch
-
-from kvlab.serving import cpu_greedy, cpu_linear
-
-SOURCE = r"""
+   Measured on this project's machine (1 thread, 64 rows of 30 to 300 positions, the lab's model's
+   heads, blocks scattered through the pool, the weights' products' traffic between layers): 0.39-0.43
+   ms a layer, against 0.98 ms without asking for the next blocks ahead and 0.9-1.0 ms for
+   `block_attention` compiled (docs/serving.md, "Then: a C++ attention"). Through the dispatcher (ops.cpp)
+   a call costs 2.5 µs; 17 µs when it was a `torch.library.custom_op` calling the kernel through
+   ctypes. Float32 on a CPU, head dims up to 256 only: elsewhere the step keeps `block_attention`. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <math.h>
 #include <vector>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8f load8(const float* p) { v8f v; memcpy(&v, p, sizeof v); return v; }
-static inline void store8(float* p, v8f v) { memcpy(p, &v, sizeof v); }
-static inline float sum8(v8f v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+#include "ops.h"
+#include "vec.h"
 
 /* (sum of p[0], ..., sum of p[7]): each vector's lanes added, eight at once */
 static inline v8f sums8(const v8f* p) {
@@ -304,11 +274,10 @@ extern "C" void kvlab_paged_attention(const float* q, const float* keys, const f
 }
 
 /* The operator torch.ops.kvlab.paged_attention: block_attention's result, (N, 1, H * D), from the same
-   inputs (pair_starts implied: a row's pairs are its table's blocks in order). Registered here, so the
-   compiled graph calls it through the dispatcher without Python. */
-static at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                                     const at::Tensor& positions, const at::Tensor& pair_rows,
-                                     const at::Tensor& pair_blocks) {
+   inputs (pair_starts implied: a row's pairs are its table's blocks in order). */
+at::Tensor kvlab::paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                                  const at::Tensor& positions, const at::Tensor& pair_rows,
+                                  const at::Tensor& pair_blocks) {
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.sizes() == keys.sizes(),
               "kvlab::paged_attention: q (N, 1, H, D), keys and values (blocks, bs, KV, D)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
@@ -325,106 +294,3 @@ static at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& keys
                         kc.size(1), sqrtf((float)D), out.data_ptr<float>());
   return out;
 }
-
-TORCH_LIBRARY(kvlab, m) {
-  m.def("paged_attention(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor pair_rows, "
-        "Tensor pair_blocks) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("paged_attention", &paged_attention_op); }
-"""
-# one library: one build, one load, one namespace (cpu_greedy's source uses this one's vector types)
-LIBRARY_SOURCE = SOURCE + cpu_linear.SOURCE + cpu_greedy.SOURCE
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"]
-
-
-def torch_flags() -> list[str]:
-    """What compiling and linking against this torch takes: its headers, its libraries, its ABI."""
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    return ([f"-I{path}" for path in include_paths()] + [f"-L{path}" for path in library_paths()]
-            + [f"-Wl,-rpath,{path}" for path in library_paths()] + ["-lc10", "-ltorch_cpu",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"])
-
-
-_LOCK = threading.Lock()
-_LOADED: bool | None = None  # None: not tried yet
-
-
-def cpu_flags() -> str:
-    """The CPU's feature flags (Linux), so that a library built for one CPU is never loaded on another."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            return next((line for line in info if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return ""
-
-
-def library_path(compiler: str) -> Path:
-    """Where the built library lives: the temporary directory, named by the source, flags, compiler and CPU."""
-    key = "\n".join([LIBRARY_SOURCE, *FLAGS, *torch_flags(), torch.__version__, compiler, os.uname().machine, cpu_flags()])
-    key = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"kvlab_kernels_{os.getuid()}" / f"paged_attention_{key}.so"
-
-
-def build(compiler: str) -> Path:
-    """Compile SOURCE once (a finished file is never rewritten: built under a temporary name, then
-    renamed, so parallel processes never load half a library)."""
-    path = library_path(compiler)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as work:
-        source, built = Path(work) / "paged_attention.cpp", Path(work) / path.name
-        source.write_text(LIBRARY_SOURCE, encoding="utf-8")
-        subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), *torch_flags()], check=True,
-                       capture_output=True, text=True)
-        os.replace(built, path)
-    return path
-
-
-def prebuild() -> None:
-    """Build the library now, without loading it (a thread of its own can run the compiler while the
-    caller compiles something else); a failure is left for `library` to say."""
-    from kvlab.engine.fast import find_cpp_compiler
-    compiler = find_cpp_compiler()
-    if compiler:
-        try:
-            build(compiler)
-        except (OSError, subprocess.CalledProcessError):
-            pass
-
-
-def library() -> bool:
-    """Whether the kernel is built and its operator registered (False where no C++ compiler builds it,
-    said once)."""
-    global _LOADED
-    with _LOCK:
-        if _LOADED is None:
-            from kvlab.engine.fast import find_cpp_compiler
-            compiler = find_cpp_compiler()
-            _LOADED = False
-            try:
-                if compiler:
-                    torch.ops.load_library(str(build(compiler)))
-                    torch.library.register_fake("kvlab::paged_attention")(_shape)
-                    torch.library.register_fake("kvlab::linear")(cpu_linear.traced_shape)
-                    torch.library.register_fake("kvlab::greedy_pick")(cpu_greedy.traced_shape)
-                    _LOADED = True
-            except (OSError, RuntimeError, subprocess.CalledProcessError) as error:
-                said = (getattr(error, "stderr", None) or str(error)).strip()
-                warnings.warn(f"kvlab.serving.cpu_attention: {compiler} could not build the paged-attention kernel "
-                              f"({said.splitlines()[0] if said else error}); the compiled step attends with "
-                              "block_attention", RuntimeWarning, stacklevel=2)
-        return _LOADED
-
-
-def _shape(q, keys, values, positions, pair_rows, pair_blocks):
-    """The operator's result as the compiler traces it: (N, 1, H * D)."""
-    return q.new_empty(q.shape[0], 1, q.shape[2] * q.shape[3])
-
-
-def usable(pool_keys: torch.Tensor) -> bool:
-    """Whether the kernel serves this pool: float32 on a CPU, head dims up to 256, and the kernel built."""
-    return (pool_keys.device.type == "cpu" and pool_keys.dtype == torch.float32 and pool_keys.shape[-1] <= 256
-            and library())

@@ -1,27 +1,24 @@
-"""The compiled step's greedy picks, as a C++ operator built into kvlab.serving.cpu_attention's library
-(one build, one load, the namespace `kvlab`).
+/* The compiled step's greedy picks on a CPU (torch.ops.kvlab.greedy_pick): kvlab.engine.sampling's
+   greedy_picks in float32, each row's argmax(logits / its temperature), torch.argmax's index (the first
+   of the largest quotients; a NaN counts as the largest, its first one wins). It divides few logits: a
+   division by a temperature above 0, correctly rounded, never reverses an order, so the largest
+   quotient is the largest logit's, and only a logit within a rounding of it can divide to the same
+   quotient. A row is read twice (its largest; then, in order, the first logit past a bound below which
+   none can reach that quotient, each such one divided and compared), where inductor's argmax of the
+   divided logits took some 55 µs a 64-request run's step (perf: 1.8% of the run) for the same choice.
 
-`kvlab.greedy_pick(logits, temperatures)` is kvlab.engine.sampling.greedy_picks on a CPU in float32:
-each row's argmax(logits / its temperature), torch.argmax's index (the first of the largest quotients;
-a NaN counts as the largest, its first one wins). It divides few logits: a division by a temperature
-above 0, correctly rounded, never reverses an order, so the largest quotient is the largest logit's,
-and only a logit within a rounding of it can divide to the same quotient. A row is read twice (its
-largest; then, in order, the first logit past a bound below which none can reach that quotient, each
-such one divided and compared), where inductor's argmax of the divided logits took some 55 µs a
-64-request run's step (perf: 1.8% of the run) for the same choice.
+   Why the bound holds: a float x divides to q (round to nearest) only if x / t is at least halfway from
+   q's lower neighbour q- to q, so x > q- * t; the bound is q- * t, computed in double (exact: two
+   floats' product fits) and lowered by a billionth of itself besides. At q = infinity (an infinite
+   logit, or a finite one that overflows when t < 1) q- is the largest float and the same holds; at
+   q = -infinity every logit is a candidate and the first wins. */
+#include <math.h>
+#include <stdint.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
-Why the bound holds: a float x divides to q (round to nearest) only if x / t is at least halfway from
-q's lower neighbour q- to q, so x > q- * t; the bound is q- * t, computed in double (exact: two floats'
-product fits) and lowered by a billionth of itself besides. At q = infinity (an infinite logit, or a finite
-one that overflows when t < 1) q- is the largest float and the same holds; at q = -infinity every
-logit is a candidate and the first wins.
-"""
-
-import torch
-
-SOURCE = r"""
-/* After kvlab.serving.cpu_attention's source in the library: its headers, its eight-lane types v8f and
-   v8i, and load8. */
+#include "ops.h"
+#include "vec.h"
 
 /* One row's pick: its first NaN if it has one; else the first logit x with x / t equal to the
    largest quotient, the largest logit's. */
@@ -67,7 +64,7 @@ static int64_t pick_row(const float* __restrict__ x, int64_t V, float t) {
 
 /* The operator torch.ops.kvlab.greedy_pick: logits (R, V) and temperatures (R,), float32 on a CPU;
    (R,) int64. */
-static at::Tensor greedy_pick_op(const at::Tensor& logits, const at::Tensor& temperatures) {
+at::Tensor kvlab::greedy_pick(const at::Tensor& logits, const at::Tensor& temperatures) {
   TORCH_CHECK(logits.dim() == 2 && temperatures.dim() == 1 && temperatures.size(0) == logits.size(0) &&
               logits.scalar_type() == at::kFloat && temperatures.scalar_type() == at::kFloat,
               "kvlab::greedy_pick: logits (R, V) and temperatures (R,), float32");
@@ -80,13 +77,3 @@ static at::Tensor greedy_pick_op(const at::Tensor& logits, const at::Tensor& tem
   for (int64_t r = 0; r < R; ++r) picks[r] = pick_row(xp + r * V, V, tp[r]);
   return out;
 }
-
-TORCH_LIBRARY_FRAGMENT(kvlab, m) { m.def("greedy_pick(Tensor logits, Tensor temperatures) -> Tensor"); }
-
-TORCH_LIBRARY_IMPL(kvlab, CPU, m) { m.impl("greedy_pick", &greedy_pick_op); }
-"""
-
-
-def traced_shape(logits, temperatures):
-    """kvlab::greedy_pick's result as the compiler traces it: one int64 per row."""
-    return logits.new_empty(logits.shape[0], dtype=torch.int64)
