@@ -2,7 +2,8 @@
 resolve, every `snakemake` command printed there runs as printed (as a dry run; the graph commands
 draw), the rule-graph picture is what its command draws, the configuration page is what its
 generator writes from the schema, the install line pins pyproject's torch, the numbers quoted
-as fixed by the config agree with the formulas, and the layout lists name the tree's modules and files."""
+as fixed by the config agree with the formulas, the layout lists name the tree's modules and files,
+and the pages say how things are (the trail of work in docs/log/)."""
 import os
 import re
 import shlex
@@ -27,6 +28,10 @@ NO_DOT = "Graphviz's dot is not installed (apt-get install graphviz): the drawn 
 SVG = "{http://www.w3.org/2000/svg}"
 # Paths on a user's own machine, which a printed command names as an example of theirs.
 USERS_OWN = re.compile(r"/opt/|/path/to/|my\.yaml")
+# A commit hash as the pages write one: 7 to 40 hex digits standing alone, on a line mixing digits and letters.
+COMMIT = re.compile(r"(^|[ (`])[0-9a-f]{7,40}([ ),.:;`]|$)")
+HEX_MIX = re.compile(r"[0-9][a-f]|[a-f][0-9]")
+ISSUE = re.compile(r"\bissues? \d+", re.I)
 
 
 def bash_lines(text: str, prefix: str) -> list[str]:
@@ -80,6 +85,22 @@ def test_the_readme_is_a_front_page_whose_links_resolve():
     assert {"configuration.md", "own-minimind-files.md", "slurm.md", "measured.md", "troubleshooting.md"} <= set(DOCS)
     assert all(f"(docs/{page})" in README for page in DOCS), "the README links every page of docs/"
     assert "```mermaid" not in README
+
+
+def test_the_reference_pages_say_how_things_are():
+    """The README and docs/*.md say how things are: no heading starts with "Then", none of their lines names
+    an issue, and at most 20 lines carry a commit hash (a latest measurement's, once a section); the trail
+    of work, what was tried commit by commit, is in docs/log/."""
+    then, issues, hashed = [], [], []
+    for name, text in {"README.md": README, **DOCS}.items():
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        then += [f"{name}: {line}" for line in prose.splitlines() if re.match(r"#+ *Then\b", line)]
+        issues += [f"{name}: {line}" for line in text.splitlines() if ISSUE.search(line)]
+        hashed += [f"{name}: {line}" for line in text.splitlines() if COMMIT.search(line) and HEX_MIX.search(line)]
+    assert not then, f"headings that start with 'Then' (the trail belongs in docs/log/): {then}"
+    assert not issues, f"lines that name an issue (describe the feature instead): {issues}"
+    assert len(hashed) <= 20, (f"{len(hashed)} lines carry a commit hash, at most 20: keep the latest measurement's, "
+                               "once a section, and move the rest to docs/log/:\n" + "\n".join(hashed))
 
 
 def printed_snakemake_commands() -> list[tuple[str, str]]:
