@@ -295,6 +295,31 @@ def test_the_build_writes_the_serving_results(course_build):
     assert RESULTS["serve_events"].category is None
 
 
+@pytest.mark.parametrize("language", ["ko", "en"])
+def test_the_report_says_once_what_compiling_the_serving_steps_took(course_build, tmp_path, language):
+    """beyond.md's serving section says, from compiled_steps.json, each compiled step's seconds and
+    whether this build compiled it or loaded an earlier build's; nothing where the steps ran eager
+    (the tests' build)."""
+    from kvlab.facts.results import report_inputs
+    from kvlab.present.report import render_report
+
+    paths = {name: course_build / path for name, path in report_inputs(False).items()}
+    template = ROOT / "templates" / "report" / "beyond.md.j2"
+    eager = json.loads(paths["compiled_steps"].read_text(encoding="utf-8"))
+    assert not eager["steps"]["engine"]["files"]
+    assert "compile_steps" not in render_report(template, paths, language)
+    kept = {"one_at_a_time": {"seconds": 26.24, "loaded": False, "files": ["a.pt2"]},
+            "engine": {"seconds": 0.83, "loaded": True, "files": ["b.fn"]}}
+    paths["compiled_steps"] = tmp_path / "compiled_steps.json"
+    paths["compiled_steps"].write_text(json.dumps({**eager, "steps": kept}), encoding="utf-8")
+    report = render_report(template, paths, language)
+    if language == "ko":
+        assert "단일 요청 경로의 스텝: 이 빌드에서 컴파일함, 26.2초. 엔진의 스텝: 불러옴(앞선 빌드가 컴파일해 둔 것), 0.8초." in report
+    else:
+        assert ("The single-request path's step: compiled here, 26.2 s; the engine's step: loaded (an earlier build "
+                "compiled it), 0.8 s.") in report
+
+
 def test_changing_the_rate_sweep_reruns_only_it_and_its_readers(course_build, course):
     config = course_config(course)
     serving = {**config["extras"]["serving"], "rate_fractions": [1.0]}

@@ -426,7 +426,19 @@ def serving_trace_section(results: dict) -> dict:
                    "static": s["normalized_latency_steps"]} for c, s in zip(by_policy["continuous"], by_policy["static"])],
         "rate_direction": direction(row["normalized_latency_steps"] for row in by_policy["continuous"]),
         "static_saturation": rates[0]["saturation_fraction_static"] if rates else None,
+        "compiled": compiled_steps(results.get("compiled_steps", {})),
     }}
+
+
+def compiled_steps(kept: dict) -> dict | None:
+    """The serving steps compile_steps made ready (compiled_steps.json): for the single-request path and
+    the engine, the seconds and whether it was loaded (an earlier build compiled it) or compiled here;
+    None where a step ran eager (nothing compiled, nothing kept)."""
+    steps = kept.get("steps", {})
+    if not all(steps.get(name, {}).get("files") for name in ("one_at_a_time", "engine")):
+        return None
+    return {name: {"seconds": steps[name]["seconds"], "loaded": steps[name]["loaded"]}
+            for name in ("one_at_a_time", "engine")}
 
 
 SECTIONS = (model_section, sweep_section, latency_section, anatomy_section, capacity_section, topp_curve_section,
