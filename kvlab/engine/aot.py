@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-CACHE_ENV = "KVLAB_CACHE_DIR"
+from kvlab.kernels.loader import cache_root
+
 _LOADED: dict[str, object] = {}
 # Inductor's precompiled headers: each costs a compiler run of some 5 s the first time, and a process
 # here compiles one step, which they do not make faster (measured on the lab's steps): made no more.
@@ -43,8 +44,7 @@ NO_HEADERS = {"aot_inductor.precompile_headers": False, "cpp_cache_precompile_he
 
 def cache_dir() -> Path:
     """Where compiled packages are kept: $KVLAB_CACHE_DIR/aot, else ~/.cache/kvlab/aot."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvlab"
-    return Path(root) / "aot"
+    return cache_root() / "aot"
 
 
 def package_key(parts: tuple, modules: tuple) -> str:

@@ -5,7 +5,7 @@ It is built once per machine with the C++ compiler inductor uses (`find_cpp_comp
 torch's headers (`-O3 -march=native`, some 9 s): every csrc/*.cpp in one translation unit (each file
 includes what it uses; one unit parses torch's headers once, where a unit a file took three times as
 long), warnings on (`-Wall`; torch's own headers as system headers, whose warnings are torch's). It is
-kept in the temporary directory under a name holding the hash of csrc's files, the flags, torch, the
+kept in kvlab's cache (`cache_root()`, kernels/) under a name holding the hash of csrc's files, the flags, torch, the
 compiler and the CPU's flags, and loaded with `torch.ops.load_library`: csrc/ops.cpp registers the
 operators itself (`TORCH_LIBRARY`), so a compiled graph calls them through the dispatcher with no
 Python between, and their results' shapes for the compiler are registered here (kvlab.kernels.ops).
@@ -27,6 +27,7 @@ import torch
 
 from kvlab.kernels import ops
 
+CACHE_ENV = "KVLAB_CACHE_DIR"
 CSRC = Path(__file__).with_name("csrc")  # the C++: one file an operator, vec.h, and ops.cpp registering them
 # -Wno-psabi: the eight-lane vectors (csrc/vec.h) never cross the library's boundary, so the compiler's notes on
 # how a CPU without AVX would pass them to another library are about no call here
@@ -72,13 +73,19 @@ def cpu_flags() -> str:
         return ""
 
 
+def cache_root() -> Path:
+    """kvlab's one home for what it builds, kept across processes and builds: $KVLAB_CACHE_DIR, else
+    ~/.cache/kvlab (this library under kernels/, the compiled steps under aot/, kvlab.engine.aot)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvlab")
+
+
 def library_path(compiler: str) -> Path:
-    """Where the built library lives: the temporary directory, named by csrc's files, the flags, torch,
-    the compiler and the CPU."""
+    """Where the built library lives: kvlab's cache, named by csrc's files, the flags, torch, the
+    compiler and the CPU."""
     files = [f"{path.name}\n{path.read_text(encoding='utf-8')}" for path in sources()]
     key = "\n".join([*files, *FLAGS, *torch_flags(), torch.__version__, compiler, os.uname().machine, cpu_flags()])
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"kvlab_kernels_{os.getuid()}" / f"kvlab_{key}.so"
+    return cache_root() / "kernels" / f"kvlab_{key}.so"
 
 
 def build(compiler: str) -> Path:
