@@ -186,6 +186,7 @@ rule temp_curve:
 rule explore_steps:
     input:
         **inputs("tokenizer", "pretrain", "prompt"),
+        steps_opened=rules.same.output.steps_opened,
     output:
         explore_steps=RESULTS["explore_steps"].path,
     log:
@@ -197,7 +198,6 @@ rule explore_steps:
         **model_job("pretrain"),
     params:
         **model_params(),
-        new_tokens=config["lab"]["same"]["new_tokens"],
         prefix=config["lab"]["topp"]["prefix"],
         sharp_prefix=config["lab"]["topp"]["sharp_prefix"],
         bars=EXTRAS["explore"]["bars"],

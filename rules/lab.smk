@@ -40,6 +40,8 @@ rule same:
     output:
         same=reported("same"),
         counts=reported("counts"),
+        # the same generation opened step by step, for the lab's page (explore_steps)
+        steps_opened=RESULTS["steps_opened"].path,
     log:
         "results/logs/same.log",
     threads: 1

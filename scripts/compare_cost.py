@@ -1,5 +1,6 @@
 """One model of `compare`: the lab's cost steps on the lab's prompt cut to P tokens."""
 from kvlab.checkpoints import load_inspected
+from kvlab.facts.budget import Budget
 from kvlab.engine.device import resolve_device, resolve_dtype
 from kvlab.io import read_json, write_json_atomic
 from kvlab.measure.capacity import architecture_model
@@ -23,7 +24,7 @@ def main(snakemake):
     use_threads(p.threads)
     try:
         cost = measure_cost(model, prompt_ids, settings["new_tokens"], settings["warmup"], settings["repeats"],
-                            p.max_seconds, settings["kv_tokens"], p.seed, device)
+                            p.max_seconds, settings["kv_tokens"], p.seed, device, Budget(settings.get("budget_s")))
     except ValueError as err:
         raise ValueError(f"compare entry '{entry['name']}': {err}") from None
     log.info("%s: speedup %.2f (token ratio %.1f), fit %.3f ms + %.3f us/token", entry["name"], cost["speedup"],

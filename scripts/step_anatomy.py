@@ -19,6 +19,7 @@ def main(snakemake):
     budget = Budget(getattr(p, "budget_s", None))
     curve = cache_curve(model, prompt, p.contexts, p.warmup, p.repeats, p.max_seconds, p.new_tokens, p.samples,
                         p.seed, device, compile_mode=p.compile)
+    log.info("the cache curve: done at %.1f s", budget.spent())
     anatomy = step_anatomy(model, prompt, p.new_tokens, p.warmup, p.repeats, p.rounds, p.profile_repeats, device,
                            budget)
     for name in STEPS:

@@ -164,6 +164,24 @@ def test_the_cache_curve_times_a_step_at_each_context_and_checks_the_tokens(mode
         anatomy.cache_curve(model, PROMPT[0].tolist(), [5000], 0, 1, 0, 4, 1, 0, "cpu")
 
 
+def test_a_static_cache_copied_from_one_prefill_steps_as_one_it_prefilled_itself(model):
+    """The curve prefills each context once for both caches: the StaticCache gets MiniMind's K and V
+    copied in, and its step gives what a StaticCache filled by its own prefill gives."""
+    ids = PROMPT.repeat(1, 5)
+    held = ids.shape[1] - 1
+    own = StaticCache(model.config, 1, ids.shape[1], torch.float32, "cpu")
+    with torch.inference_mode():
+        model(ids[:, :held], past_key_values=own, use_cache=True)
+        own.length = held
+        expected_out, expected_token = model.decode_step(ids, None, own, True, **anatomy.GREEDY_KNOBS)
+    shared = anatomy._prefilled(model, ids)
+    for kv_cache in ("static", "cat"):
+        out, token = anatomy._decode_step_at(model, ids, kv_cache, "cpu", shared)()
+        assert torch.equal(token, expected_token), kv_cache
+        torch.testing.assert_close(out.logits, expected_out.logits, rtol=0, atol=1e-5)
+    assert [k.shape[1] for k, _ in shared] == [held] * model.config.num_hidden_layers  # left as it was
+
+
 def test_a_compiled_step_is_timed_apart_from_its_compiling():
     # one layer and one context: compiling takes some 15 s on two cores
     model = random_model(0, num_hidden_layers=1)

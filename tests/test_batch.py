@@ -10,6 +10,7 @@ import torch
 
 from kvlab.engine.model import left_pad
 from kvlab.io import read_csv_rows
+from kvlab.facts.budget import KEPT_RUNGS, Budget
 from kvlab.measure import batch, kv_waste, prompt
 from kvlab.present.beyond import batch_context, kv_waste_context
 from kvlab.measure.steps import GREEDY
@@ -182,6 +183,24 @@ def test_kv_waste_rows_from_real_sampled_requests():
     assert by_policy["exact"]["peak_reserved_bytes"] == sum(r["final_len"] for r in requests) * per_token
     assert by_policy["max_length"]["fits_1gib"] <= by_policy["blocks"]["fits_1gib"] <= by_policy["exact"]["fits_1gib"]
 
+
+
+def test_kv_waste_answers_only_the_requests_its_budget_predicts_to_fit():
+    model = random_model(8)
+    prompts = [[1] + prompt for prompt in prompts_of((4, 9, 2, 6, 12, 5, 7, 3, 8, 4), seed=5)]
+    settings = dict(prompt_cap=13, answer_cap=7, temperature=1.0, top_p=0.9, seed=0, eos_id=2, block_tokens=4,
+                    budgets_gib=[1], device="cpu")
+    whole, detail = kv_waste.kv_waste(model, prompts, **settings)
+    assert detail["requests_asked"] == 10 and detail["budget"] == {"budget_s": None, "cut": []}
+    roomy, roomy_detail = kv_waste.kv_waste(model, prompts, **settings, budget=Budget(3600))
+    assert roomy == whole and roomy_detail["requests"] == detail["requests"]  # the probe leaves the answers alone
+    tight, tight_detail = kv_waste.kv_waste(model, prompts, **settings, budget=Budget(1e-9))
+    assert [row["requests"] for row in tight] == [KEPT_RUNGS] * len(kv_waste.POLICIES)
+    assert tight_detail["requests"] == detail["requests"][:KEPT_RUNGS]  # the first ones, sampled as before
+    [cut] = tight_detail["budget"]["cut"]
+    assert cut["rung"] == f"requests {KEPT_RUNGS + 1}-10" and cut["predicted_s"] > 0
+    context = kv_waste_context(tight, tight_detail)
+    assert context["cut"] == [cut] and context["budget_s"] == 1e-9
 
 # --- the report's sentences come from the numbers ------------------------------------------------
 

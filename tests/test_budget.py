@@ -4,6 +4,8 @@ saying what it left out."""
 import json
 import shutil
 
+import time
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -149,6 +151,50 @@ def test_the_latency_split_plans_its_runs_from_its_warm_up():
         assert len(tight[label]["generate_samples_s"]) == LATENCY_RUNS
     assert [cut["rung"] for cut in tight["budget"]["cut"]] == [
         f"with_cache timed generations {LATENCY_RUNS + 1}-4", f"without_cache timed generations {LATENCY_RUNS + 1}-4"]
+    assert tight["warmups"] == {"with_cache": 0, "without_cache": 0}  # the probe was their only warm-up
     full = step_latency(*args)
     assert all(len(full[label]["generate_samples_s"]) >= 4 for label in ("with_cache", "without_cache"))
-    assert full["budget"]["cut"] == []
+    assert full["budget"]["cut"] == [] and full["warmups"] == {"with_cache": 1, "without_cache": 1}
+    roomy = step_latency(*args, budget=Budget(3600))
+    assert roomy["warmups"] == {"with_cache": 1, "without_cache": 1} and roomy["budget"]["cut"] == []
+
+
+def test_a_probe_of_the_first_steps_predicts_a_whole_generation():
+    """Without the cache every step feeds the whole sequence: a probe's fit over its first steps
+    predicts that generation dearer than the cached one, and about what it then takes."""
+    from kvlab.measure.curves import PROBE_STEPS, predicted_generation_s
+    from kvlab.measure.steps import GREEDY, prompt_tensor
+
+    model = random_model(0)
+    new_tokens = 3 * PROBE_STEPS
+    prompt = prompt_tensor(model, [1] + [5 + i % 50 for i in range(160)], new_tokens, torch.device("cpu"))
+    with_cache = predicted_generation_s(model, prompt, new_tokens, use_cache=True)
+    without = predicted_generation_s(model, prompt, new_tokens, use_cache=False)
+    assert 0 < with_cache < without
+    began = time.perf_counter()
+    model.generate(prompt, max_new_tokens=new_tokens, use_cache=False, **GREEDY)
+    assert without / 4 < time.perf_counter() - began < without * 4
+
+
+def test_runs_after_a_first_one_fill_what_is_left_and_keep_the_least():
+    clock = iter([0.0, 10.0, 10.0, 10.0]).__next__
+    budget = Budget(40, clock=clock)  # made at 0 s; 10 s spent by the first run: 30 s left
+    assert budget.runs_after_first(10.0, 5, 2, "repeats") == 4 and budget.cut[0]["rung"] == "repeats 5-5"
+    assert Budget(40, clock=iter([0.0, 39.0]).__next__).runs_after_first(10.0, 5, 2, "repeats") == 2
+    assert Budget(None).runs_after_first(10.0, 5, 2, "repeats") == 5
+
+
+def test_a_compared_model_within_its_budget_times_two_runs_a_mode_and_its_row_says_so():
+    from kvlab.facts.compare import compare_rows
+    from kvlab.measure.cost import measure_cost
+
+    model = random_model(0)
+    args = (model, [1] + list(range(5, 25)), 6, 1, 3, 0.05, 4, 0, torch.device("cpu"))
+    tight = measure_cost(*args, budget=Budget(1e-9))
+    assert {label: len(runs) for label, runs in tight["generate_samples_s"].items()} == {"with_cache": 2,
+                                                                                        "without_cache": 2}
+    [row] = compare_rows({"lab": tight}, {"lab": "checkpoint"})
+    assert row["runs_cut"] == "with_cache timed generations 3-3; without_cache timed generations 3-3"
+    assert row["budget_s"] == 1e-9 and "budget" not in row
+    [free] = compare_rows({"lab": measure_cost(*args)}, {"lab": "checkpoint"})
+    assert free["runs_cut"] == "" and free["budget_s"] is None

@@ -33,7 +33,28 @@ def tokenizer(tokenizer_dir):
 def opened(tokenizer):
     model = random_model(3, vocab_size=tokenizer.vocab_size)
     prompt = [tokenizer.bos_id] + tokenizer.encode("민수는 아침에 가람 마을의 시장에 갔다.")
-    return model, prompt, explore.steps_opened(model, tokenizer, prompt, 7, "cpu")
+    opened = steps.generation_opened(model, prompt, 7, "cpu")
+    return model, prompt, explore.steps_opened(opened, model, tokenizer, prompt)
+
+
+def test_steps_one_and_two_read_from_the_opened_generation_are_the_plain_ones(tokenizer):
+    """`same` opens the generation once (hooks on every layer) and reads same.json and count.json from
+    it: they equal two plain generations' counted by wrapping forward."""
+    model = random_model(5, vocab_size=tokenizer.vocab_size)
+    prompt = [tokenizer.bos_id] + tokenizer.encode("가람 마을의 시장")
+    opened = steps.generation_opened(model, prompt, 6, "cpu")
+    assert steps.opened_same_and_count(opened) == steps.greedy_with_and_without_cache(model, prompt, 6, "cpu")
+    assert [entry["fed"] for entry in opened["steps"]["without_cache"]] == list(range(len(prompt), len(prompt) + 6))
+
+
+def test_the_page_refuses_a_generation_whose_modes_differ_or_another_prompts(opened, tokenizer):
+    model, prompt, _ = opened
+    raw = steps.generation_opened(model, prompt, 3, "cpu")
+    differing = {**raw, "new_ids": {**raw["new_ids"], "without_cache": raw["new_ids"]["with_cache"][::-1] + [0]}}
+    with pytest.raises(ValueError, match="same_ids is false"):
+        explore.steps_opened(differing, model, tokenizer, prompt)
+    with pytest.raises(ValueError, match="not this prompt's"):
+        explore.steps_opened(raw, model, tokenizer, prompt[:-1])
 
 
 def test_each_step_feeds_computes_and_keeps_what_the_formulas_say(opened):

@@ -167,6 +167,16 @@ def test_the_timing_table_has_every_quantity_with_its_interval(measured):
     assert (prefix["baseline"], prefix["subject"]) == ("cache off", "cache on") and prefix["ratio"] > 0
 
 
+def test_a_tight_budget_keeps_two_repeats_and_says_what_it_cut(model):
+    system_prompt = [1] + prompts_of([23], seed=7)[0]
+    tight = serve_trace.measure(model, bos_prompts(6), system_prompt, SETTINGS | {"repeats": 4, "budget_s": 1e-9},
+                                bytes_per_token=512)
+    detail = tight["detail"]
+    assert detail["repeats"] == 2 and [cut["rung"] for cut in detail["budget"]["cut"]] == ["repeats of the three ways 3-4"]
+    assert all(len(detail["timings"][way]) == 2 for way in detail["timings"])
+    assert all(len(detail["prefix_ttft_s"][caching]) == 2 for caching in ("on", "off"))
+
+
 def test_the_timeline_and_the_events_say_what_happened_when(measured):
     line = measured["detail"]["timelines"]["continuous"]
     assert len(line["requests"]) == 6 and len(line["steps"]) == len(line["blocks_in_use"])

@@ -73,6 +73,20 @@ class Budget:
                      run_s, left)
         return planned
 
+    def runs_after_first(self, first_s: float, asked: int, least: int, name: str) -> int:
+        """How many runs in all (`asked` at most, `least` at least), a first one already timed in
+        `first_s` seconds and each later one predicted to take as long, fit what is left of the budget.
+        The runs left out are recorded as cut."""
+        if self.seconds is None:
+            return asked
+        left = max(0.0, self.seconds - self.spent())
+        planned = max(least, min(asked, 1 + int(left // max(first_s, 1e-9))))
+        if planned < asked:
+            self.cut.append({"rung": f"{name} {planned + 1}-{asked}", "predicted_s": first_s, "left_s": left})
+            log.info("%s: %d of %d, each some %.1f s, within the budget's %.0f s left", name, planned, asked,
+                     first_s, left)
+        return planned
+
     def record(self) -> dict:
         """What the result keeps: the budget and every rung cut (the seconds spent are the job's log's)."""
         return {"budget_s": self.seconds, "cut": list(self.cut)}

@@ -70,7 +70,7 @@ def cpu_speedup(cost: dict) -> dict:
 
 def compare_rows(costs: dict[str, dict], kinds: dict[str, str]) -> list[dict]:
     """compare.csv: one row a model, in the given order, with what the figure and the report need:
-    its cost.json but the samples; its speedup on the CPU clock too (`cpu_speedup`); and the fixed
+    its cost.json but the samples (its budget as `budget_s` and the runs it cut, `runs_cut`); its speedup on the CPU clock too (`cpu_speedup`); and the fixed
     share of an average step, with the cached step's by the model's fit, and the uncached step's as
     the median of the shares its per-run fits give, between their quartiles (the share's spread).
     A model measured before the per-run fits were kept has its fit's share, its interval that one
@@ -78,7 +78,12 @@ def compare_rows(costs: dict[str, dict], kinds: dict[str, str]) -> list[dict]:
     rows = []
     for name, cost in costs.items():
         row = {"name": name, "weights": kinds[name],
-               **{key: value for key, value in cost.items() if key not in ("generate_samples_s", "generate_usage", "fit_runs")}}
+               **{key: value for key, value in cost.items()
+                  if key not in ("generate_samples_s", "generate_usage", "fit_runs", "budget")}}
+        # what its time budget left out (kvlab.facts.budget), as two columns
+        budget = cost.get("budget", {})
+        row["budget_s"] = budget.get("budget_s")
+        row["runs_cut"] = "; ".join(cut["rung"] for cut in budget.get("cut", []))
         row.update(cpu_speedup(cost))
         row["fixed_share_with_cache"] = fixed_share(row, use_cache=True)
         shares = [fixed_share(row, False, fit) for fit in cost.get("fit_runs", [])] or [fixed_share(row, use_cache=False)]

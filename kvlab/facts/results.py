@@ -113,6 +113,7 @@ RESULTS = _results(
     Result("time_runs", "results/time_runs.json", timed=True),
     Result("temp_answers", "results/temp_answers.json"),
     Result("topp_sharp", "results/topp_sharp.json"),
+    Result("steps_opened", "results/steps_opened.json"),
     Result("explore_steps", "results/explore_steps.json"),
     Result("check", "results/check.json", timed=True),
     Result("folder_check", "results/check/{folder}.json", timed=True),
@@ -179,7 +180,8 @@ FIGURES = {
 # nor a log of events (JSON Lines: the reports read tables and JSON documents).
 REPORT_READS = tuple(name for name, result in RESULTS.items()
                      if result.category in (LAB_SHEET, BEYOND, None) and result.by_all
-                     and name not in ("lab_tables", "check", "folder_check", "explore_steps", "front_page_font")
+                     and name not in ("lab_tables", "check", "folder_check", "explore_steps", "steps_opened",
+                                     "front_page_font")
                      and not result.path.endswith(".jsonl"))
 # The sheet's report counts the timings beyond the sheet that the machine disturbed, so it reads every
 # timed result (kvlab.facts.disturbed), and batch_runs for its serving section's clock.

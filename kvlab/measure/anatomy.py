@@ -277,33 +277,45 @@ def _steps_to_open(model, ids: torch.Tensor, device) -> dict:
             model.decode_step(ids, None, None, False, **GREEDY_KNOBS)
         steps.sync(device)
 
-    return {"with_cache_cat": _decode_step_at(model, ids, "cat", device),
-            "with_cache_static": _decode_step_at(model, ids, "static", device),
+    held = _prefilled(model, ids)
+    return {"with_cache_cat": _decode_step_at(model, ids, "cat", device, held),
+            "with_cache_static": _decode_step_at(model, ids, "static", device, held),
             "without_cache": uncached}
 
 
-def _decode_step_at(model, ids: torch.Tensor, kv_cache: str, device):
+def _decode_step_at(model, ids: torch.Tensor, kv_cache: str, device, held=None):
     """A function of no argument that takes one cached decode step after `ids` (all but the last are
-    in the cache, filled here without compiling), with MiniMind's cache (a fresh torch.cat of all
-    of it) or a StaticCache (the last position written again, in place). It returns decode_step's
-    (outputs, next token)."""
-    held = ids.shape[1] - 1
-    with torch.inference_mode():
-        if kv_cache == "cat":
-            cache = model(ids[:, :held], use_cache=True).past_key_values
-        else:
-            cache = StaticCache(model.config, 1, ids.shape[1], model.lm_head.weight.dtype, device)
-            model(ids[:, :held], past_key_values=cache, use_cache=True)
+    in the cache), with MiniMind's cache (a fresh torch.cat of all of it) or a StaticCache (the last
+    position written again, in place). It returns decode_step's (outputs, next token). The cache is
+    filled here without compiling: `held`, MiniMind's cache of all but the last of `ids` when the
+    caller has it (`_prefilled`), is used as it is, or copied into the StaticCache, instead of
+    prefilling again (the same K and V: a long context's prefill is most of the curve's time)."""
+    held_tokens = ids.shape[1] - 1
+    if held is None:
+        held = _prefilled(model, ids)
+    if kv_cache == "cat":
+        cache = held
+    else:
+        cache = StaticCache(model.config, 1, ids.shape[1], model.lm_head.weight.dtype, device)
+        for index, (k, v) in enumerate(held):
+            cache.keys[index][:, :held_tokens] = k
+            cache.values[index][:, :held_tokens] = v
 
     def step():
         if kv_cache == "static":
-            cache.length = held
+            cache.length = held_tokens
         with torch.inference_mode():
             taken = model.decode_step(ids, None, cache, True, **GREEDY_KNOBS)
         steps.sync(device)
         return taken
 
     return step
+
+
+def _prefilled(model, ids: torch.Tensor):
+    """MiniMind's cache (per layer K and V) of all but the last of `ids`, filled by one forward."""
+    with torch.inference_mode():
+        return model(ids[:, :-1], use_cache=True).past_key_values
 
 
 @contextmanager
@@ -356,10 +368,11 @@ def cache_curve(model, prompt_ids: list[int], contexts, warmup: int, repeats: in
     prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
     at_context = [prompt.repeat(1, -(-context // prompt.shape[1]))[:, :context] for context in contexts]
     result: dict = {"prompt_len": len(prompt_ids), "contexts": list(contexts), **timing_context(device)}
+    held = [_prefilled(model, ids) for ids in at_context]  # one prefill a context, for both caches
     for kv_cache in KV_CACHES:
         rows, usage = [], []
-        for ids in at_context:
-            step = _decode_step_at(model, ids, kv_cache, device)
+        for ids, held_here in zip(at_context, held):
+            step = _decode_step_at(model, ids, kv_cache, device, held_here)
             for _ in range(warmup):
                 step()
             row, clocks = _timed_step(step, repeats, max_seconds, device)

@@ -17,15 +17,19 @@ from kvlab.facts.formulas import MODES, fed_formulas
 
 
 def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
-                 kv_tokens: int, seed: int, device) -> dict:
+                 kv_tokens: int, seed: int, device, budget: Budget | None = None) -> dict:
     """cost.json for one model: steps 1-2 (same ids, fed tokens counted by wrapping `forward`), step 3's
     median times with the speedup's interval and the per-step latency with its fixed-cost fit (one set
     of timed runs, measured by kvlab.measure.curves.step_latency: `repeats` runs per mode and more while
-    unstable, after `warmup`, each whole generation timed as well as each step; the fit made on each
-    pair of runs too, for its spread), and step 4's bytes per token. `prompt_ids` are already cut to P."""
+    unstable, after `warmup` untimed ones, the counting generation the first; each whole generation
+    timed as well as each step; the fit made on each pair of runs too, for its spread), and step 4's
+    bytes per token. `prompt_ids` are already cut to P. Within `budget` the timed generations are
+    planned as step_latency plans them (a probe of each mode's first steps first)."""
     config = model.config
     same, count = steps.greedy_with_and_without_cache(model, prompt_ids, new_tokens, device)
-    latency = curves.step_latency(model, prompt_ids, new_tokens, warmup, repeats, max_seconds, device)
+    # the counting generations above are the first warm-up of each mode (as the sweep's are)
+    latency = curves.step_latency(model, prompt_ids, new_tokens, max(warmup - 1, 0), repeats, max_seconds, device,
+                                  budget)
     dtype = dtype_name(next(model.parameters()).dtype)
     kv = capacity.bytes_per_token(model, dtype, kv_tokens, seed, device)
     formulas = fed_formulas(len(prompt_ids), new_tokens)
@@ -71,4 +75,5 @@ def measure_cost(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         "generate_samples_s": {label: latency[label]["generate_samples_s"] for label in summaries},
         "generate_usage": {label: latency[label]["usage"] for label in summaries},
         "fit_runs": latency["fit_runs"],
+        "budget": latency["budget"],
     }

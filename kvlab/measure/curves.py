@@ -129,6 +129,25 @@ def sweep_point(model, prompt_ids: list[int], new_tokens: int, warmup: int, repe
 
 # The latency split's timed generations a mode whatever its budget: a median and a spread of two.
 LATENCY_RUNS = 2
+# Under a budget, each mode's first steps (a probe) predict its whole generation before it is run.
+PROBE_STEPS = 8
+
+
+def predicted_generation_s(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:
+    """The seconds of the greedy generation of `new_tokens` after `prompt` in one mode, predicted from
+    a probe (untimed work) that generates its first PROBE_STEPS tokens, each step timed: its first step
+    (the prefill) as it took, every later step at the probe's later steps' seconds per token fed times
+    what that step feeds (one token with the cache, everything so far without). Proportional, not a
+    fitted line: a line through a few steps' narrow window of lengths can slope any way; the fixed cost
+    scaled with the tokens makes the prediction, if anything, too high."""
+    probe = min(PROBE_STEPS, new_tokens)
+    with steps.recording_forward(model) as calls:
+        model.generate(prompt, max_new_tokens=probe, use_cache=use_cache, **steps.GREEDY)
+    if probe == new_tokens or len(calls.seconds) < 2:
+        return sum(calls.seconds) * new_tokens / max(len(calls.seconds), 1)
+    per_fed = sum(calls.seconds[1:]) / sum(calls.fed_lengths[1:])
+    prompt_len = prompt.shape[1]
+    return calls.seconds[0] + sum(per_fed * (1 if use_cache else prompt_len + step) for step in range(1, new_tokens))
 
 
 def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, repeats: int, max_seconds: float,
@@ -150,7 +169,10 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
 
     Within `budget` (kvlab.facts.budget) each mode's timed generations are planned from its last
     warm-up's seconds: as many as fit its share of what is left (`repeats` at most, LATENCY_RUNS at
-    least), none repeated past them; the generations left out are recorded."""
+    least), none repeated past them; the generations left out are recorded. A probe of its first
+    steps predicts each mode's generation first (`predicted_generation_s`); where `warmup` whole
+    generations and LATENCY_RUNS timed ones would not fit the mode's share, the probe is its only
+    warm-up and its prediction plans the runs (`warmups` records each mode's whole warm-ups)."""
     budget = budget or Budget(None)
     prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
     prompt_len = len(prompt_ids)
@@ -159,8 +181,17 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     runs: dict[str, list] = {}
     judged = timing.judged_on(device)
     for index, (label, use_cache) in enumerate(MODES):
-        warm_s = None
-        for _ in range(warmup):
+        warm_s, warmups = None, warmup
+        if budget.seconds is not None:
+            warm_s = predicted_generation_s(model, prompt, new_tokens, use_cache)
+            share = max(0.0, budget.seconds - budget.spent()) / (len(MODES) - index)
+            if warm_s * (warmup + LATENCY_RUNS) > share:
+                warmups = 0
+                log.info("%s: the whole generation predicted at %.1f s from its first %d steps; those steps its "
+                         "only warm-up, to keep %d timed generations within the budget's share of %.0f s", label,
+                         warm_s, PROBE_STEPS, LATENCY_RUNS, share)
+        result.setdefault("warmups", {})[label] = warmups
+        for _ in range(warmups):  # the last one's seconds plan the runs (or the probe's prediction, with none)
             began = time.perf_counter()
             model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
             warm_s = time.perf_counter() - began

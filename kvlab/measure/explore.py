@@ -1,10 +1,11 @@
 """What the lab's page (results/explore.html, kvlab.present.explore) needs that no other result holds.
 
   * steps_opened      step 1's greedy generation (the prompt, N new tokens) opened step by step, in
-                      both modes: the tokens each step fed to forward, the K and V rows each layer
-                      computed (forward hooks on every layer's k_proj and v_proj), the cache held after
-                      the step, its tokens per layer and its bytes (weighed as step 4 weighs it), and
-                      the text each new token adds;
+                      both modes, as `same` opened it (kvlab.measure.steps.generation_opened, with
+                      forward hooks: one generation a mode serves steps 1, 2 and the page): the
+                      tokens each step fed to forward, the K and V rows each layer computed, the cache
+                      held after the step, its tokens per layer and its bytes (weighed as step 4
+                      weighs it), and here the text each new token adds;
   * next_token_logits step 6's two prefixes: the next-token logits over the whole vocabulary, so that
                       the page redraws softmax(logits / T) and MiniMind's top-p cut itself, and the
                       text of the tokens it draws as bars.
@@ -16,12 +17,11 @@ the same greedy generation timed one forward call at a time.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 
 import torch
 
 from kvlab.engine.device import dtype_name
-from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
+from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.engine.config import BYTES_PER_ELEMENT
 from kvlab.engine.tokenizer import Tokenizer
 from kvlab.facts.formulas import MODES
@@ -31,27 +31,6 @@ log = logging.getLogger("kvlab")
 
 # Where a token's text is not a whole character on its own (a byte-level piece): what stands for it.
 BROKEN = "\ufffd"
-
-
-@contextmanager
-def counting_kv_rows(model: MiniMindForCausalLM):
-    """Count the rows (tokens) each layer's k_proj and v_proj compute, with forward hooks. Yields
-    {"k": [rows per layer], "v": [...]}, added up over every call until the caller resets them."""
-    layers = model.model.layers
-    counts = {"k": [0] * len(layers), "v": [0] * len(layers)}
-
-    def hook(which: str, index: int):
-        def count(module, inputs, output):
-            counts[which][index] += int(output.shape[1])  # (batch, fed, kv_heads * head_dim)
-        return count
-
-    handles = [layer.self_attn.k_proj.register_forward_hook(hook("k", index)) for index, layer in enumerate(layers)]
-    handles += [layer.self_attn.v_proj.register_forward_hook(hook("v", index)) for index, layer in enumerate(layers)]
-    try:
-        yield counts
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def token_pieces(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
@@ -73,37 +52,18 @@ def token_label(tokenizer: Tokenizer, token_id: int) -> str | None:
     return None if BROKEN in text else text
 
 
-def steps_opened(model: MiniMindForCausalLM, tokenizer: Tokenizer, prompt_ids: list[int], new_tokens: int,
-                 device) -> dict:
-    """Step 1's generation in both modes, one entry a step (a call of forward): `fed`, the tokens fed;
-    `kv_computed`, the K rows each layer computed (its V rows are checked to be as many); `cache_tokens`,
-    the tokens each layer's cache holds after the step, and `cache_bytes`, what those tensors weigh
-    (none without the cache: MiniMind then keeps nothing). The new ids must be the same in both modes
-    (step 1), or this refuses."""
-    prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
-    by_mode, new_ids = {}, {}
-    for label, use_cache in MODES:
-        entries = []
-        with counting_kv_rows(model) as computed:
-            def observe(input_ids, output):
-                if computed["k"] != computed["v"]:
-                    raise AssertionError(f"k_proj and v_proj computed {computed['k']} and {computed['v']} rows")
-                cache = output.past_key_values
-                entries.append({
-                    "fed": int(input_ids.shape[1]),
-                    "kv_computed": list(computed["k"]),
-                    "cache_tokens": [int(k.shape[1]) for k, _ in cache] if cache else [0] * len(computed["k"]),
-                    "cache_bytes": kv_cache_bytes(cache) if cache else 0,
-                })
-                for which in computed.values():
-                    which[:] = [0] * len(which)
-
-            with steps.recording_forward(model, observe=observe):
-                new_ids[label] = steps.greedy_new_ids(model, prompt, new_tokens, use_cache)
-        by_mode[label] = entries
+def steps_opened(opened: dict, model: MiniMindForCausalLM, tokenizer: Tokenizer, prompt_ids: list[int]) -> dict:
+    """Step 1's generation as the page steps through it, from the generation `same` opened
+    (kvlab.measure.steps.generation_opened, results/steps_opened.json) for the model and tokenizer it
+    ran on: every step's entry in both modes, its token and the text it adds, and what the cache's
+    bytes are made of. The new ids must be the same in both modes (step 1), or this refuses."""
+    new_ids = opened["new_ids"]
     if new_ids["with_cache"] != new_ids["without_cache"]:
         raise ValueError("the greedy tokens differ with and without the cache (step 1's same_ids is false): "
                          "the page steps through one generation")
+    if opened["prompt_len"] != len(prompt_ids):
+        raise ValueError(f"the opened generation's prompt has {opened['prompt_len']} tokens, the prompt "
+                         f"{len(prompt_ids)}: steps_opened.json is not this prompt's")
     ids = new_ids["with_cache"]
     pieces = token_pieces(tokenizer, ids)
     config = model.config
@@ -123,7 +83,7 @@ def steps_opened(model: MiniMindForCausalLM, tokenizer: Tokenizer, prompt_ids: l
             "vocab_size": config.vocab_size,
         },
         "steps": [{"step": index + 1, "id": token_id, "piece": piece,
-                   **{label: by_mode[label][index] for label, _ in MODES}}
+                   **{label: opened["steps"][label][index] for label, _ in MODES}}
                   for index, (token_id, piece) in enumerate(zip(ids, pieces))],
     }
 
@@ -141,10 +101,10 @@ def prefix_logits(model: MiniMindForCausalLM, tokenizer: Tokenizer, prefix: str,
     }
 
 
-def explore_data(model: MiniMindForCausalLM, tokenizer: Tokenizer, prompt_ids: list[int], new_tokens: int,
+def explore_data(opened: dict, model: MiniMindForCausalLM, tokenizer: Tokenizer, prompt_ids: list[int],
                  prefix: str, sharp_prefix: str, labelled: int, device) -> dict:
-    """results/explore_steps.json: the generation opened step by step, and both prefixes' logits."""
-    opened = steps_opened(model, tokenizer, prompt_ids, new_tokens, device)
+    """results/explore_steps.json: the generation `same` opened, step by step, and both prefixes' logits."""
+    opened = steps_opened(opened, model, tokenizer, prompt_ids)
     log.info("%d steps; fed %d / %d tokens, cache %d bytes at the end", len(opened["steps"]),
              sum(step["with_cache"]["fed"] for step in opened["steps"]),
              sum(step["without_cache"]["fed"] for step in opened["steps"]),

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import torch
 
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes, left_pad
+from kvlab.facts.budget import KEPT_RUNGS, Budget
 from kvlab.facts.formulas import GIB, fits_column
 from kvlab.measure import steps
 
@@ -79,11 +81,49 @@ def sample_requests(model: MiniMindForCausalLM, prompts: list[list[int]], answer
     return answers, kv_cache_bytes(cache) / (cache[0][0].shape[0] * cache[0][0].shape[1])
 
 
+# The probe: its first requests, and the tokens it samples for each (kvlab.measure.kv_waste.requests_in_budget).
+PROBE_REQUESTS, PROBE_TOKENS = 8, 4
+
+
+def requests_in_budget(model: MiniMindForCausalLM, prompts: list[list[int]], answer_cap: int, device,
+                       budget: Budget) -> int:
+    """How many of `prompts` (the first ones) can be answered within `budget`. A probe (untimed work;
+    the answers are sampled afresh from the seed) samples PROBE_TOKENS tokens for the first
+    PROBE_REQUESTS prompts, its prefill and its steps timed apart; all the prompts are predicted to
+    take the probe's prefill plus answer_cap of its steps, times their number over the probe's (a
+    batched step's cost grows with its rows, in proportion where the arithmetic dominates: above it
+    where the fixed cost does). Where that does not fit, the requests are cut in proportion;
+    KEPT_RUNGS are always answered. The requests cut are recorded in `budget`."""
+    if budget.seconds is None or len(prompts) <= KEPT_RUNGS:
+        return len(prompts)
+    probed = prompts[:PROBE_REQUESTS]
+    ids, mask = left_pad(probed, device=device)
+    with steps.recording_forward(model) as calls:
+        model.generate(ids, attention_mask=mask, max_new_tokens=min(PROBE_TOKENS, answer_cap), eos_token_id=None,
+                       use_cache=True)
+    prefill_s, *step_s = calls.seconds
+    per_step = sum(step_s) / len(step_s) if step_s else prefill_s
+    predicted = (prefill_s + answer_cap * per_step) * len(prompts) / len(probed)
+    left = max(0.0, budget.seconds - budget.spent())
+    if predicted <= left:
+        return len(prompts)
+    kept = max(KEPT_RUNGS, int(len(prompts) * left / predicted))
+    budget.cut.append({"rung": f"requests {kept + 1}-{len(prompts)}", "predicted_s": predicted, "left_s": left})
+    log.info("all %d requests predicted to take %.0f s, over the budget's %.0f s left: the first %d answered",
+             len(prompts), predicted, left, kept)
+    return kept
+
+
 def kv_waste(model: MiniMindForCausalLM, prompts: list[list[int]], prompt_cap: int, answer_cap: int,
              temperature: float, top_p: float, seed: int, eos_id: int, block_tokens: int, budgets_gib,
-             device) -> tuple[list[dict], dict]:
+             device, budget: Budget | None = None) -> tuple[list[dict], dict]:
     """One row per policy (kv_waste.csv) and every request's lengths and split (kv_waste_requests.json).
-    The longest request allowed, what max_length reserves, is prompt_cap + answer_cap tokens."""
+    The longest request allowed, what max_length reserves, is prompt_cap + answer_cap tokens. Within
+    `budget` (kvlab.facts.budget) only the first requests predicted to fit are answered
+    (`requests_in_budget`); what was cut is recorded."""
+    budget = budget or Budget(None)
+    asked = len(prompts)
+    prompts = prompts[:requests_in_budget(model, prompts, answer_cap, device, budget)]
     answers, per_token = sample_requests(model, prompts, answer_cap, temperature, top_p, seed, eos_id, device)
     max_length = prompt_cap + answer_cap
     requests = []
@@ -100,13 +140,14 @@ def kv_waste(model: MiniMindForCausalLM, prompts: list[list[int]], prompt_cap: i
                "internal_fragmentation_bytes": sums["internal_fragmentation"]}
         row.update({f"{key}_share": sums[key] / sums["reserved"] for key in SPLIT})
         row["peak_reserved_bytes"] = peak
-        for budget in budgets_gib:
-            row[fits_column(budget)] = math.floor(budget * GIB / (peak / len(requests)))
+        for gib in budgets_gib:
+            row[fits_column(gib)] = math.floor(gib * GIB / (peak / len(requests)))
         rows.append(row)
         log.info("%s: tokens %.1f%%, reservation %.1f%%, internal fragmentation %.1f%% of %.0f bytes", policy,
                  row["token_share"] * 100, row["reservation_share"] * 100,
                  row["internal_fragmentation_share"] * 100, row["reserved_bytes"])
     detail = {"requests": requests, "bytes_per_token": per_token, "max_length": max_length,
               "block_tokens": block_tokens, "answer_cap": answer_cap, "seed": seed, "temperature": temperature,
-              "top_p": top_p, "budgets_gib": list(budgets_gib)}
+              "top_p": top_p, "budgets_gib": list(budgets_gib), "requests_asked": asked,
+              "budget": budget.record()}
     return rows, detail

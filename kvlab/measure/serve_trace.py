@@ -33,6 +33,7 @@ import numpy as np
 
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.facts import timing
+from kvlab.facts.budget import Budget
 from kvlab.measure import kv_waste
 from kvlab.measure.serve_run import (LATENCIES, PERCENTILES, POLICIES, WAYS, Run, alone_timings, mismatches,
                                      one_at_a_time, ready_steps, references, request_records, run_timings, said,
@@ -222,6 +223,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     """Everything the serve_trace rule writes (see the module's docstring): the counts, the memory
     comparison, the timings, every request's events and the timeline's data."""
     s = settings
+    budget = Budget(s.get("budget_s"))
     check_block_size(model, s["block_size"])
     made = traces(prompts, system_prompt, s)
     roomy = {policy: engine_config(s, policy) for policy in POLICIES}
@@ -251,7 +253,9 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
             raise RuntimeError(f"{run.name}: a repeat took another number of steps (the schedule should not vary)")
         warn_mismatches(run.name, found)
 
-    for repeat in range(s["repeats"]):
+    repeats, repeat = s["repeats"], 0
+    while repeat < repeats:
+        began = time.perf_counter()
         for way in WAYS if repeat % 2 == 0 else WAYS[::-1]:  # alternating, so no way goes first always
             if way == "one_at_a_time":
                 done = one_at_a_time(model, trace, s["compile"])
@@ -265,7 +269,11 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
                 times[way].append(run_timings(run))
             log.info("repeat %d, %s: %.3f s, %.0f tokens/s (%.0f per CPU second)", repeat, way,
                      times[way][-1]["wall_s"], times[way][-1]["tokens_per_s"], times[way][-1]["tokens_per_cpu_s"])
-    progress.done(f"one at a time, static and continuous, {s['repeats']} runs each")
+        if repeat == 0:  # the first repeat plans the rest within the budget (two at least: a spread)
+            repeats = budget.runs_after_first(time.perf_counter() - began, s["repeats"], min(2, s["repeats"]),
+                                              "repeats of the three ways")
+        repeat += 1
+    progress.done(f"one at a time, static and continuous, {repeats} runs each")
     checked(serve(model, trace, tight, "continuous, tight pool"), "trace", trace, alone["trace"])
     for caching in (True, False):
         config = engine_config(s, "continuous", prefix_caching=caching)
@@ -279,7 +287,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     one_token = spaced(made["prefix"], 1)
     first_tokens = [[row[:1] for row in rows] for rows in alone["prefix"]]
     prefix_ttft: dict[str, list[float]] = {"on": [], "off": []}
-    for repeat in range(s["repeats"]):
+    for repeat in range(repeats):
         for caching in ((True, False) if repeat % 2 == 0 else (False, True)):
             config = engine_config(s, "continuous", prefix_caching=caching)
             run = serve(model, one_token, config, f"prefix alone, cache {'on' if caching else 'off'}")
@@ -296,7 +304,8 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
               "timelines": {name: timeline(runs[name]) for name in (*POLICIES, "continuous, tight pool")},
               "summaries": {name: run.stats.summary() for name, run in runs.items()},
               "timings": times, "prefix_ttft_s": prefix_ttft, "one_at_a_time": alone_checked, "ready_steps": ready,
-              "way_counts": {way: way_counts(runs, trace, way) for way in WAYS}}
+              "way_counts": {way: way_counts(runs, trace, way) for way in WAYS}, "repeats": repeats,
+              "budget": budget.record()}
     return {"counts": counts, "memory": memory, "timing": timing_rows(times, prefix_ttft), "events": events,
             "detail": detail}
 

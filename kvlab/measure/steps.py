@@ -88,25 +88,87 @@ def greedy_new_ids(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool
 def greedy_with_and_without_cache(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens: int, device) -> tuple[dict, dict]:
     """Steps 1 and 2: the same greedy generation twice; returns (same.json, count.json)."""
     prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
-    new_ids = {}
-    fed = {}
-    for use_cache in (True, False):
+    new_ids, fed = {}, {}
+    for label, use_cache in MODES:
         with counting_forward(model) as fed_lengths:
-            new_ids[use_cache] = greedy_new_ids(model, prompt, new_tokens, use_cache)
-        fed[use_cache] = sum(fed_lengths)
+            new_ids[label] = greedy_new_ids(model, prompt, new_tokens, use_cache)
+        fed[label] = sum(fed_lengths)
+    return same_and_count(len(prompt_ids), new_ids, fed)
+
+
+def same_and_count(prompt_len: int, new_ids: dict, fed: dict) -> tuple[dict, dict]:
+    """same.json and count.json from each mode's new ids and tokens fed in all (by MODES label)."""
     same = {
-        "same_ids": new_ids[True] == new_ids[False],
-        "ids": new_ids[True],
-        "prompt_len": len(prompt_ids),
-        "new_tokens": len(new_ids[True]),
+        "same_ids": new_ids["with_cache"] == new_ids["without_cache"],
+        "ids": new_ids["with_cache"],
+        "prompt_len": prompt_len,
+        "new_tokens": len(new_ids["with_cache"]),
     }
     count = {
-        "prompt_len": len(prompt_ids),
-        "new_tokens": len(new_ids[True]),
-        "fed_with_cache": fed[True],
-        "fed_without_cache": fed[False],
+        "prompt_len": prompt_len,
+        "new_tokens": len(new_ids["with_cache"]),
+        "fed_with_cache": fed["with_cache"],
+        "fed_without_cache": fed["without_cache"],
     }
     return same, count
+
+
+@contextmanager
+def counting_kv_rows(model: MiniMindForCausalLM):
+    """Count the rows (tokens) each layer's k_proj and v_proj compute, with forward hooks. Yields
+    {"k": [rows per layer], "v": [...]}, added up over every call until the caller resets them."""
+    layers = model.model.layers
+    counts = {"k": [0] * len(layers), "v": [0] * len(layers)}
+
+    def hook(which: str, index: int):
+        def count(module, inputs, output):
+            counts[which][index] += int(output.shape[1])  # (batch, fed, kv_heads * head_dim)
+        return count
+
+    handles = [layer.self_attn.k_proj.register_forward_hook(hook("k", index)) for index, layer in enumerate(layers)]
+    handles += [layer.self_attn.v_proj.register_forward_hook(hook("v", index)) for index, layer in enumerate(layers)]
+    try:
+        yield counts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def generation_opened(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens: int, device) -> dict:
+    """Steps 1 and 2's greedy generation in both modes, one entry a step (a call of forward): `fed`, the
+    tokens fed; `kv_computed`, the K rows each layer computed (forward hooks on every layer's k_proj and
+    v_proj; its V rows are checked to be as many); `cache_tokens`, the tokens each layer's cache holds
+    after the step, and `cache_bytes`, what those tensors weigh (none without the cache: MiniMind then
+    keeps nothing). Returns {"prompt_len", "new_ids": {mode: ids}, "steps": {mode: [entry, ...]}}:
+    same.json and count.json are read from it (`opened_same_and_count`), and the lab's page opens it."""
+    prompt = prompt_tensor(model, prompt_ids, new_tokens, device)
+    by_mode, new_ids = {}, {}
+    for label, use_cache in MODES:
+        entries = []
+        with counting_kv_rows(model) as computed:
+            def observe(input_ids, output):
+                if computed["k"] != computed["v"]:
+                    raise AssertionError(f"k_proj and v_proj computed {computed['k']} and {computed['v']} rows")
+                cache = output.past_key_values
+                entries.append({
+                    "fed": int(input_ids.shape[1]),
+                    "kv_computed": list(computed["k"]),
+                    "cache_tokens": [int(k.shape[1]) for k, _ in cache] if cache else [0] * len(computed["k"]),
+                    "cache_bytes": kv_cache_bytes(cache) if cache else 0,
+                })
+                for which in computed.values():
+                    which[:] = [0] * len(which)
+
+            with recording_forward(model, observe=observe):
+                new_ids[label] = greedy_new_ids(model, prompt, new_tokens, use_cache)
+        by_mode[label] = entries
+    return {"prompt_len": len(prompt_ids), "new_ids": new_ids, "steps": by_mode}
+
+
+def opened_same_and_count(opened: dict) -> tuple[dict, dict]:
+    """same.json and count.json of a generation opened by `generation_opened`."""
+    fed = {label: sum(entry["fed"] for entry in entries) for label, entries in opened["steps"].items()}
+    return same_and_count(opened["prompt_len"], opened["new_ids"], fed)
 
 
 def sync(device) -> None:

@@ -92,6 +92,7 @@ def latency_section(results: dict) -> dict:
         # the speedup of these same instrumented generations, the one the fit predicts, on the judged clock
         "measured": judged,
         "new_tokens": latency["new_tokens"], **budget_said(latency),
+        "probe_only": [label for label, whole in latency.get("warmups", {}).items() if whole == 0],
         "prompt_len": latency["prompt_len"],
         "ttft_agree": latency["ttft_agree"],
         # a fit that explains little, or a negative fixed cost, says the clock was noisy
@@ -277,6 +278,8 @@ def compare_context(rows: list[dict]) -> dict:
         "all_same": all(row["same_ids"] for row in rows),
         "all_match": all(row["formulas_match"] and row["bytes_match"] for row in rows),
         "random": [row["name"] for row in rows if row["weights"] != "checkpoint"],
+        "cut": [{"name": row["name"], "runs": row["runs_cut"], "budget_s": row.get("budget_s")}  # cut by its budget
+                for row in rows if isinstance(row.get("runs_cut"), str) and row["runs_cut"]],
     }
 
 
@@ -349,7 +352,7 @@ def kv_waste_context(rows: list[dict], detail: dict) -> dict:
         "bytes_per_token": detail["bytes_per_token"], "max_length": detail["max_length"],
         "block_tokens": detail["block_tokens"], "answer_cap": detail["answer_cap"],
         "fits_gain": by_policy["blocks"]["fits"][0] / by_policy["max_length"]["fits"][0],
-        "paper": VLLM_PAPER,
+        "paper": VLLM_PAPER, **budget_said(detail),
     }
 
 
@@ -427,6 +430,7 @@ def serving_trace_section(results: dict) -> dict:
         "rate_direction": direction(row["normalized_latency_steps"] for row in by_policy["continuous"]),
         "static_saturation": rates[0]["saturation_fraction_static"] if rates else None,
         "compiled": compiled_steps(results.get("compiled_steps", {})),
+        **budget_said(detail),
     }}
 
 
