@@ -235,6 +235,16 @@ def test_embedded_default_builds_the_lab_report_with_a_tiny_budget(tmp_path):
     assert {"pretrain", "sft"} <= set(dry_run_jobs(workdir, report, config=config, snakefile=snakefile))
 
 
+def test_the_sheets_report_waits_for_the_sheets_jobs_alone(tmp_path):
+    """results/report.md is the prompt, the six steps and their checkpoints: nothing beyond the sheet
+    (no sweep, batch, anatomy, serving or compare job) is planned for it, even with --forceall."""
+    workdir = copy_workflow(tmp_path / "kvlab")
+    jobs = dry_run_jobs(workdir, "--forceall", "results/report.md", config={})
+    assert set(jobs) == {"corpus", "tokenizer", "pretrain", "sft", "inspect_checkpoint", "prompt", "model_card",
+                         "same", "timing", "kvbytes", "temp", "topp", "report"}
+    assert jobs["inspect_checkpoint"] == 2  # the pretrained and the SFT checkpoint
+
+
 def test_english_report_keeps_the_headings(built, course, tmp_path):
     built = Path(shutil.copytree(built, tmp_path / "copy"))  # the shared build stays Korean
     config = course_config(course) | {"report": {"language": "en"}}

@@ -183,11 +183,10 @@ REPORT_READS = tuple(name for name, result in RESULTS.items()
                      and name not in ("lab_tables", "check", "folder_check", "explore_steps", "steps_opened",
                                      "front_page_font")
                      and not result.path.endswith(".jsonl"))
-# The sheet's report counts the timings beyond the sheet that the machine disturbed, so it reads every
-# timed result (kvlab.facts.disturbed), and batch_runs for its serving section's clock.
-SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "kv_capacity",
-               "batch", "batch_runs", "sweep", "sweep_runs", "latency", "compare", "step_anatomy", "serve_timing",
-               "fidelity")
+# The sheet's report reads the sheet's files and what its steps write beside them, nothing beyond the
+# sheet: `snakemake results/report.md` runs the prompt, the six steps and their checkpoints' jobs only
+# (fidelity's verdict where minimind_src asks for it).
+SHEET_READS = (*LAB_RESULTS, "prompt", "model_card", "time_runs", "temp_answers", "topp_sharp", "fidelity")
 # What the lab's page (results/explore.html, kvlab.present.explore) is drawn from, by name: the generation
 # opened step by step, and the results whose numbers it shows.
 EXPLORE_READS = ("explore_steps", "counts", "kvbytes", "temp", "temp_answers", "topp", "topp_sharp", "topp_curve",
@@ -215,10 +214,8 @@ def built_by_all(with_fidelity: bool) -> list[str]:
 
 def report_inputs(with_fidelity: bool, report: str = "beyond") -> dict[str, str]:
     """A report's inputs, by the name its templates read each by. The sheet's report ("report") reads
-    the sheet's results, what its steps write beside them, the results its serving section sets
-    beside them (kv_capacity, batch and its runs), every timed result beyond the sheet (it counts the
-    disturbed ones) and fidelity's verdict; the report beyond it ("beyond") reads every result and each
-    of the lab's figures (by its rule's name)."""
+    the sheet's results, what its steps write beside them and fidelity's verdict (SHEET_READS); the
+    report beyond it ("beyond") reads every result and each of the lab's figures (by its rule's name)."""
     names = SHEET_READS if report == "report" else REPORT_READS
     inputs = {name: RESULTS[name].path for name in names if with_fidelity or name not in OPTIONAL}
     if report == "report":

@@ -1,10 +1,10 @@
 """Step 7: the lab's two reports, rendered from the result files by sandboxed Jinja templates.
 
-`results/report.md` is the sheet's report: which build made it (commit, date, machine, torch), where
-the numbers come from (models, code), the timings the machine disturbed (step 3's named, the others
-counted, each once), the sheet's three sections (`## KV 캐시`, `## 온도`, `## top-p`) with the
-speedup and the bytes, and one short section on serving. `results/beyond.md` holds what lies beyond
-the sheet (kvlab.present.beyond), content first. `check` and grading read the first.
+`results/report.md` is the sheet's report, from the sheet's files alone: which build made it (commit,
+date, machine, torch), where the numbers come from (models, code), whether the machine disturbed step
+3's timing, and the sheet's three sections (`## KV 캐시`, `## 온도`, `## top-p`) with the speedup and
+the bytes. `results/beyond.md` holds what lies beyond the sheet (kvlab.present.beyond), content first,
+the lesson's chain into serving (`chain_section`) among it. `check` and grading read the first.
 
 Every number is read from a result file or derived here from those numbers; the templates hold
 prose only, one file a section, in English with its Korean in the catalog (kvlab.present.i18n). A
@@ -78,15 +78,13 @@ def grouped(timings: list[dict]) -> list[dict]:
 
 
 def disturbed(results: dict) -> dict:
-    """The timings the machine disturbed (kvlab.facts.disturbed: each once, however many rules flag it):
-    how many, how many of each kind, grouped for the list, and step 3's apart from the rest (the
-    sheet's report lists step 3's and counts the others)."""
+    """The timings the machine disturbed among `results` (kvlab.facts.disturbed: each once, however many
+    rules flag it): how many, how many of each kind, grouped for the list, and step 3's apart (the
+    sheet's report, which reads no timing beyond the sheet, names step 3's)."""
     timings = disturbed_timings(results)
-    beyond_sheet = [item for item in timings if item["what"] != "step3"]
     return {"count": len(timings), "unstable": sum(item["unstable"] for item in timings),
             "contended": sum(item["contended"] for item in timings), "groups": grouped(timings),
-            "sheet": [item for item in timings if item["what"] == "step3"], "beyond_sheet": len(beyond_sheet),
-            "beyond_groups": grouped(beyond_sheet)}
+            "sheet": [item for item in timings if item["what"] == "step3"]}
 
 
 def same_generation(results: dict) -> dict:
@@ -182,10 +180,13 @@ def topp_section(results: dict) -> dict:
     }}
 
 
-def serving_section(results: dict) -> dict:
-    """The last section: the cache's bytes per token → the requests that fit a budget → the throughput
-    measured with many requests at once, and where memory, not compute, would be the limit (MiniMind's
-    published size in float16 at a long context)."""
+def chain_section(results: dict) -> dict:
+    """The lesson's chain into serving, on the lab's model and this build's files: the cache's bytes per
+    token (measured) -> the requests that fit a memory budget at each context (kv_capacity) -> the
+    throughput measured with that many requests' worth of rows at once, as far as `batch` went, with
+    the share of the budget its cache took. At MiniMind's own size only the arithmetic (bytes per
+    token and requests that fit, weighed on a seeded cache of that architecture): no throughput was
+    measured there, and the section says so rather than tell which limit comes first."""
     if "kv_capacity" not in results or "batch" not in results:
         return {}
     capacity = results["kv_capacity"]
@@ -197,17 +198,16 @@ def serving_section(results: dict) -> dict:
     big = max(big_rows, key=lambda row: (row["context_tokens"], row["bytes_per_token_measured"]))
     distinct = [row for row in results["batch"] if row["mode"] == "distinct"] or results["batch"]
     last, before = distinct[-1], distinct[-2] if len(distinct) > 1 else distinct[-1]
-    budget_bytes = budget * 1024**3
     # the last step of the throughput, on the CPU clock when either batch waited for the CPU
     pairs = [clocks.batch_throughput(row, results.get("batch_runs")) for row in (before, last)]
     judged = one_clock([pair["wall"] for pair in pairs], [pair["cpu"] for pair in pairs])
     shown_before, shown_last = judged["values"]
-    return {"serving": {
+    return {"chain": {
         "bytes_per_token": lab[0]["bytes_per_token_measured"], "dtype": lab_dtype, "budget_gib": budget,
         "lab": lab,  # requests that fit the budget at each context
-        "batch": {"B": last["B"], "before_B": before["B"], "throughput": last["S_TG t/s"],
-                  "low": last["S_TG_low"], "high": last["S_TG_high"], "cache_bytes": last["kv_bytes_measured"],
-                  "budget_share": last["kv_bytes_measured"] / budget_bytes,
+        "batch": {"B": last["B"], "before_B": before["B"], "throughput": shown_last["value"],
+                  "low": shown_last["low"], "high": shown_last["high"], "cache_bytes": last["kv_bytes_measured"],
+                  "budget_share": last["kv_bytes_measured"] / (budget * 1024**3),
                   # the throughput at the largest B against the B before it: "rises", "falls" or "unclear",
                   # on the clock `clock` ("cpu": per second of the timing thread's CPU time)
                   "last_step": steps(judged["intervals"])[0], "clock": judged["clock"],
@@ -216,12 +216,10 @@ def serving_section(results: dict) -> dict:
                 "context": big["context_tokens"], "request_bytes": big["bytes_per_request"],
                 "fits": big["max_requests"], "layers": big["layers"], "kv_heads": big["kv_heads"],
                 "head_dim": big["head_dim"]},
-        # memory sets the limit where no more such requests fit the budget than the batch measured here
-        "memory_bound": big["max_requests"] <= last["B"],
     }}
 
 
-SHEET_SECTIONS = (kv_section, temperature_section, topp_section, serving_section)
+SHEET_SECTIONS = (kv_section, temperature_section, topp_section)
 
 
 # --- the two reports ------------------------------------------------------------------------------------
@@ -245,7 +243,7 @@ def beyond_context(results: dict, figures: dict[str, str], build: dict | None = 
                "disturbed": disturbed(results), **RULES,
                "same_generation": same_generation(results), "figures": figures,
                "token_ratio": results["counts"]["fed_without_cache"] / results["counts"]["fed_with_cache"]}
-    for section in beyond.SECTIONS:
+    for section in (*beyond.SECTIONS, chain_section):
         context.update(section(results))
     return context
 
