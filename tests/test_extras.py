@@ -127,6 +127,7 @@ def test_topp_curve_agrees_with_the_lab_step(built):
     for column in ("flat", "sharp"):
         values = [row[column] for row in curve]
         assert values == sorted(values) and values[0] >= 1
+        assert values[-1] == curve[-1]["vocab_size"]  # at p = 1 generate skips top-p: every token stays
 
 
 def test_temperature_curve_agrees_with_the_lab_step(built):
@@ -377,6 +378,8 @@ def step_times_predict_each_step_from_its_own_fed_tokens(fig, latency):
         expected = [(fit["fixed_s"] + fit["per_token_s"] * fed) * 1000 for fed in latency[mode]["fed_tokens"]]
         assert np.allclose(line.get_ydata(), expected)
     assert [line for line in by_fed.get_lines() if line.get_linestyle() == "--"]
+    # the fit once in the legend (its line and its predictions as one entry), its formula said once
+    assert sum("µs" in text.get_text() for text in fig.legends[0].get_texts()) == 1
 
 
 def lab_values_marked(fig, rows, column, lab_column):
@@ -394,6 +397,10 @@ def compare_names_the_token_ratio_for_what_it_is(fig, rows):
 
 def batch_draws_b_linearly(fig, rows):
     assert [axis.get_xscale() for axis in fig.axes] == ["linear", "linear"]
+    measured = sorted({row["B"] for row in rows})
+    for axis in fig.axes:  # every B measured ticked and labelled, B = 2 among them
+        assert list(axis.get_xticks()) == measured
+        assert [label.get_text() for label in axis.get_xticklabels()] == [str(b) for b in measured]
 
 
 def kv_waste_draws_the_paper_range(fig, rows):
@@ -402,6 +409,8 @@ def kv_waste_draws_the_paper_range(fig, rows):
     low, high = beyond_figures.VLLM_PAPER["existing_token_share"]
     assert band.get_y() == pytest.approx(low * 100) and band.get_height() == pytest.approx((high - low) * 100)
     assert "20.4" in "\n".join(drawing.drawn_text(fig)[1])
+    ticks = [label.get_text() for label in fig.axes[0].get_xticklabels()]
+    assert not {row["policy"] for row in rows} & set(ticks)  # the policies in words, not their code names
 
 
 # what each figure must show (issue 30), checked on the English drawing
@@ -441,6 +450,8 @@ def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, mo
             assert not HANGUL.search(text["Title"] + described) and text["Title"].isascii(), text
         else:
             assert HANGUL.search(text["Title"]), text
+            legends = [t.get_text() for axis in fig.axes if axis.get_legend() for t in axis.get_legend().get_texts()]
+            assert not [t for t in legends if re.match(r"(shared|distinct)\b", t)], legends  # the modes in Korean
 
 
 def test_anatomy_figure_gives_the_cached_steps_an_axis_of_their_own(built, tmp_path, monkeypatch):

@@ -131,3 +131,13 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
     assert sampling.greedy_picks(logits, torch.tensor(temperatures, dtype=dtype)[:, None]).tolist() == expected
     if dtype == torch.float32 and loader.library():  # and in C++ (kvlab.kernels' kvlab::greedy_pick)
         assert ops.greedy_pick(strided, torch.tensor(temperatures)).tolist() == expected
+
+
+def test_at_p_one_generate_keeps_every_token_where_the_bare_rule_would_cut_the_tail():
+    """The rule's mask cuts the tail once the rounded cumulative sum passes 1.0; generate skips the rule
+    at p >= 1, and the count the lab reports (top_p_kept) is generate's."""
+    logits = torch.randn(1, 2000, generator=torch.Generator().manual_seed(2)) * 8  # a peaked distribution
+    assert int(sampling.top_p_keep(logits, 1.0).sum()) < logits.shape[1]  # float rounding cuts the tail
+    assert bool(sampling.top_p_kept(logits, 1.0).all())
+    assert torch.equal(sampling.top_p_kept(logits, 0.9), sampling.top_p_keep(logits, 0.9))
+    assert torch.equal(sampling.top_p_filter(logits, 1.0), logits)

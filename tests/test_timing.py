@@ -397,8 +397,7 @@ def curve_rows(flat, sharp, vocab_size=1884):
 
 @pytest.mark.parametrize("language", ["ko", "en"])
 def test_ties_proportions_and_numbers_in_the_top_p_curve(contended, tmp_path, language):
-    """A tie at one p is no crossing; a cut tail is counted, not called "a few"; every count over 999
-    has its thousands separator."""
+    """A tie at one p is no crossing; p = 1 is said as `generate` behaves there, no tail counted as cut."""
     from kvlab.io import write_csv_atomic
     from kvlab.present.report import render_report
 
@@ -414,10 +413,10 @@ def test_ties_proportions_and_numbers_in_the_top_p_curve(contended, tmp_path, la
     curve = report.split("## 모든 p에서의 top-p" if language == "ko" else "## Top-p for every p")[1].split("\n## ")[0]
     if language == "ko":  # a tie at one p is no crossing
         assert '"민수는" 뒤에 남는 후보가 "가람 마을의 특산물은" 뒤보다 적은 적이 없습니다' in curve and "교차" not in curve
-        assert "어휘에서 177개와 382개를 자릅니다" in curve
+        assert "p = 1에서 `generate`는 이 규칙을 건너뛰고" in curve and "자릅니다" not in curve
     else:
         assert 'never fewer candidates survive after "민수는" than after "가람 마을의 특산물은"' in curve
-        assert "cross" not in curve and "the rule cuts 177 and 382 tokens" in curve
+        assert "cross" not in curve and "At p = 1 `generate` skips the rule" in curve and "cuts" not in curve
     write_csv_atomic(paths["topp_curve"], curve_rows([1, 2000, 200, 1707], [1, 1, 5, 1884]))
     crossing = render_report(ROOT / "templates" / "report" / "beyond.md.j2", paths, language)
     assert ("두 곡선이 교차합니다" if language == "ko" else "the curves cross") in crossing

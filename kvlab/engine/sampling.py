@@ -75,11 +75,20 @@ def top_p_keep(logits: torch.Tensor, p: float) -> torch.Tensor:
     return ~cut
 
 
+def top_p_kept(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """What `generate` keeps at top-p `p`: every token when p >= 1 (it skips the rule there, as MiniMind
+    does), else `top_p_keep`'s mask. Counting the rule's mask at p = 1 would cut the tail whose
+    cumulative sum rounds past 1.0 in float, which `generate` never does."""
+    if p >= 1.0:
+        return torch.ones_like(logits, dtype=torch.bool)
+    return top_p_keep(logits, p)
+
+
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Set every logit that `top_p_keep` cuts to -inf (no-op when p >= 1)."""
+    """Set every logit that `top_p_kept` cuts to -inf (no-op when p >= 1)."""
     if p >= 1.0:
         return logits
-    return logits.masked_fill(~top_p_keep(logits, p), float("-inf"))
+    return logits.masked_fill(~top_p_kept(logits, p), float("-inf"))
 
 
 def next_token(logits: torch.Tensor, seen_ids: torch.Tensor | None, *, temperature: float, top_k: int, top_p: float,

@@ -13,7 +13,7 @@ import torch
 from kvlab.engine.device import dtype_name, timing_context
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
 from kvlab.engine import sampling
-from kvlab.engine.sampling import top_p_keep
+from kvlab.engine.sampling import top_p_kept
 from kvlab.engine.tokenizer import Tokenizer
 from kvlab.facts import timing
 from kvlab.facts.formulas import MODES
@@ -292,5 +292,5 @@ def next_token_logits(model, tokenizer: Tokenizer, prefix: str, device) -> torch
 
 
 def top_p_survivors(logits: torch.Tensor, ps) -> dict:
-    """Step 6: how many tokens MiniMind's top-p rule keeps at each p."""
-    return {str(p): int(top_p_keep(logits, p).sum()) for p in ps}
+    """Step 6: how many tokens `generate` keeps at each p (MiniMind's top-p rule; all of them at p >= 1)."""
+    return {str(p): int(top_p_kept(logits, p).sum()) for p in ps}

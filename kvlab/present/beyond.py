@@ -139,10 +139,7 @@ def topp_curve_section(results: dict) -> dict:
     # the lab sheet's own p values, and the end of the curve
     marks = [row for row in rows if row["lab_p"] or row is rows[-1]]
     last = rows[-1]
-    # at p = 1 the rule may still cut the tail (the rounded cumulative sum passing 1): how much
-    cut = {"flat": last["vocab_size"] - last["flat"], "sharp": last["vocab_size"] - last["sharp"]}
-    return {"topp_curve": {"rows": rows, "first": rows[0], "last": last, "marks": marks, "cut": cut,
-                           "cut_share": {key: n / last["vocab_size"] for key, n in cut.items()},
+    return {"topp_curve": {"rows": rows, "first": rows[0], "last": last, "marks": marks,
                            "comparison": comparison((row["flat"], row["sharp"]) for row in rows),
                            "ties": sum(row["flat"] == row["sharp"] for row in rows)}}
 

@@ -42,8 +42,8 @@ LABELS = {
     "batch_size": N_("batch size B (rows)"),
     "decode_throughput": N_("decode throughput S_TG (tokens/s)"),
     "throughput_title": N_("Tokens per second (bars: interval over the runs)"),
-    "mode_shared": N_("shared: one prompt ({pp} tokens) in every row"),
-    "mode_distinct": N_("distinct: B validation prompts, left-padded"),
+    "mode_shared": N_("shared prompt: one prompt ({pp} tokens) in every row"),
+    "mode_distinct": N_("distinct prompts: B validation prompts, left-padded"),
     "step_ms": N_("one decode step (ms, median)"),
     "step_ms_title": N_("A decode step serves B rows"),
     "batch_title": N_("Many requests at once (TG = {tg} decode steps, as llama-batched-bench)"),
@@ -54,6 +54,11 @@ LABELS = {
     "paper_existing": N_("vLLM paper (theirs): token states in existing systems {low:.1f}–{high:.1f}%"),
     "paper_vllm": N_("vLLM paper (theirs): token states with vLLM {share:.1f}%"),
     "fits_label": N_("{fits:,}\nfit in {budget} GiB"),
+    # the policies as the report names them (kv_waste.csv keeps their code names)
+    "policy_max_length": N_("the longest\nrequest allowed"),
+    "policy_power_of_two": N_("doubling\nas it grows"),
+    "policy_exact": N_("the final length,\nknown in advance"),
+    "policy_blocks": N_("blocks\n(paging)"),
     "paper_existing_tick": N_("paper:\nexisting systems"),
     "paper_vllm_tick": N_("paper:\nvLLM"),
     "ideal_scaling": N_("if a step cost the same at every B"),
@@ -180,14 +185,12 @@ def batch(rows: list[dict], path, language: str = "en") -> None:
             if mode == "shared":
                 # every row for the price of the smallest B's step
                 speed_ax.plot(sizes, speed[0] * sizes / sizes[0], ":", color="grey", label=text("ideal_scaling"))
-        # B on a linear axis, as both quantities: a step costing fixed + per row × B is a straight line
+        # B on a linear axis, as both quantities: a step costing fixed + per row × B is a straight line;
+        # every B measured has its tick and label, smaller where neighbours crowd (1, 2, 4 on a long axis)
         sizes = sorted({row["B"] for row in rows})
-        ticks = [sizes[0]]
-        for size in sizes[1:]:  # every B that has room for its label
-            if size - ticks[-1] >= 0.04 * (sizes[-1] - sizes[0]):
-                ticks.append(size)
+        crowded = any(b - a < 0.04 * (sizes[-1] - sizes[0]) for a, b in zip(sizes, sizes[1:]))
         for ax in (speed_ax, step_ax):
-            ax.set_xticks(ticks, [str(size) for size in ticks])
+            ax.set_xticks(sizes, [str(size) for size in sizes], fontsize=7 if crowded else None)
             ax.set_xlim(0, sizes[-1] * 1.04)
             ax.set_xlabel(text("batch_size"))
             ax.set_ylim(bottom=0)
@@ -235,9 +238,8 @@ def kv_waste(rows: list[dict], path, language: str = "en") -> None:
         for x, share, above in ((theirs[0], high, True), (theirs[0], low, False), (theirs[1], vllm_share, True)):
             ax.annotate(f"{share * 100:.1f}%", (x, share * 100), textcoords="offset points", xytext=(0, 3 if above else -3),
                         ha="center", va="bottom" if above else "top", fontsize=8)
-        ax.set_xticks([*positions, *theirs], [row["policy"] for row in rows] + [text("paper_existing_tick"),
-                                                                               text("paper_vllm_tick")],
-                      fontsize=8)
+        ax.set_xticks([*positions, *theirs], [text(f"policy_{row['policy']}") for row in rows]
+                      + [text("paper_existing_tick"), text("paper_vllm_tick")], fontsize=8)
         ax.set_ylim(0, 118)
         ax.set_yticks([0, 25, 50, 75, 100])
         ax.set_ylabel(text("reserved_share"))

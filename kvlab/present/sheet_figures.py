@@ -11,6 +11,7 @@ figure; each function takes the rows a rule wrote and saves one PNG.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.legend_handler import HandlerTuple
 import numpy as np
 
 from kvlab.present.drawing import (WITH_CACHE_COLOR, WITHOUT_CACHE_COLOR, drawing, one_two_five, plain_log_ticks,
@@ -38,8 +39,7 @@ LABELS = {
     "cost_title": N_("Greedy generation cost with and without the KV cache"),
     "decode_steps": N_("{mode}: decode steps (TPOT {tpot:.2f} ms)"),
     "prefill_step": N_("{mode}: first step = prefill (TTFT {ttft:.2f} ms)"),
-    "fit_line": N_("fit (all steps): {fixed:.2f} ms + {per_token:.2f} µs × fed tokens"),
-    "fit_prediction": N_("the fit's prediction for each step: {fixed:.2f} ms + {per_token:.2f} µs × the tokens it was fed"),
+    "fit_line": N_("fit (all steps): {fixed:.2f} ms + {per_token:.2f} µs × fed tokens (left: each step's prediction)"),
     "fed_tokens_axis": N_("tokens fed to the step's forward"),
     "steps_by_context": N_("Against the context the step attends over"),
     "steps_by_fed": N_("Against the tokens fed, what the fit is a function of"),
@@ -132,14 +132,10 @@ def step_times(latency: dict, path, language: str = "en") -> None:
                 ax.plot(x[:1], ms[:1], marker, ms=11, mfc="none", mew=2, color=color,
                         label=text("prefill_step", mode=text(label), ttft=mode["ttft_s"] * 1000))
         # each step's prediction at its own context: one token fed with the cache, the context without
-        for index, label in enumerate(("without_cache", "with_cache")):
-            mode = latency[label]
-            context_ax.plot(mode["context_tokens"], predicted_ms(mode["fed_tokens"]), "_", ms=4, mew=1.2, color="black",
-                            label=text("fit_prediction", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6)
-                            if index == 0 else None)
+        predictions = [context_ax.plot(latency[label]["context_tokens"], predicted_ms(latency[label]["fed_tokens"]),
+                                       "_", ms=4, mew=1.2, color="black")[0] for label in ("without_cache", "with_cache")]
         fed = np.linspace(0, max(max(latency[label]["fed_tokens"]) for label in ("with_cache", "without_cache")), 2)
-        fed_ax.plot(fed, predicted_ms(fed), "k--", lw=1,
-                    label=text("fit_line", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6))
+        [fit_line] = fed_ax.plot(fed, predicted_ms(fed), "k--", lw=1)
         context_ax.set_xlabel(text("context_length"))
         context_ax.set_title(text("steps_by_context"))
         fed_ax.set_xlabel(text("fed_tokens_axis"))
@@ -149,9 +145,11 @@ def step_times(latency: dict, path, language: str = "en") -> None:
             ax.set_ylabel(text("step_time"))
             ax.set_ylim(0, top)
             ax.grid(True, alpha=0.3)
+        # one legend entry for the fit: its line (right) and its prediction at each step (left), one formula
         handles, labels = context_ax.get_legend_handles_labels()
-        fit_handles, fit_labels = fed_ax.get_legend_handles_labels()
-        fig.legend(handles + fit_handles[-1:], labels + fit_labels[-1:], loc="lower center", ncol=3, fontsize=8,
+        fig.legend(handles + [(fit_line, predictions[0])],
+                   labels + [text("fit_line", fixed=fit["fixed_s"] * 1000, per_token=fit["per_token_s"] * 1e6)],
+                   handler_map={tuple: HandlerTuple(ndivide=None)}, loc="lower center", ncol=3, fontsize=8,
                    frameon=False)
         # each mode's own number of runs: a timing repeats while it is unstable, so the two may differ
         fig.suptitle(text("steps_title", new_tokens=latency["new_tokens"],
