@@ -12,6 +12,7 @@ from snakemake.utils import validate
 from kvlab import resources
 from kvlab.cluster import print_failure_hints
 from kvlab.grade.check import failed_check
+from kvlab.present.i18n import category_name
 import kvlab.config as lab_config
 from kvlab.facts.results import (
     FIGURES,
@@ -70,11 +71,12 @@ def reported(item):
     """The path of a result (by name) or a figure, as an output `snakemake --report` shows with its
     caption, in its category."""
     item = RESULTS[item] if isinstance(item, str) else item
+    language = config["report"]["language"]
     return report(
         item.path,
         caption=f"../{item.caption}",
-        category=item.category,
-        subcategory=item.subcategory,
+        category=category_name(item.category, language),
+        subcategory=category_name(item.subcategory, language),
     )
 
 

@@ -23,7 +23,7 @@ from matplotlib import font_manager
 import kvlab.config as lab_config
 from kvlab.grade import check
 from kvlab.measure import curves, steps
-from kvlab.present import beyond_figures, drawing, fonts, sheet_figures, tables
+from kvlab.present import beyond_figures, drawing, fonts, i18n, sheet_figures, tables
 from kvlab.measure.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.config import MiniMindConfig
 from kvlab.facts.formulas import fed_formulas
@@ -179,7 +179,9 @@ def test_html_report_holds_every_marked_result(html_report):
                  "temp_curve.csv", "cost_curves.png", "step_times.png", "topp_survivors.png",
                  "temperature_effect.png", "lab_tables.html", "explore.html"):
         assert name in html
-    assert "Beyond the lab" in html and "Lab sheet" in html
+    # the sidebar's categories in the report's language (Korean here)
+    ko = i18n.gettext_for("ko")
+    assert ko("Beyond the lab") in html and ko("Lab sheet") in html and ko("Lab sheet") != "Lab sheet"
 
 
 def figures_linked(results) -> int:

@@ -66,6 +66,20 @@ def gettext_for(language: str):
     return translations(language).gettext
 
 
+# `snakemake --report`'s categories and subcategories (kvlab.facts.results), marked for the catalog:
+# the HTML report's sidebar speaks the report's language (`category_name`).
+REPORT_CATEGORIES = (N_("Lab sheet"), N_("Lab report"), N_("Beyond the lab"), N_("Class"), N_("Cost curves"),
+                     N_("Latency split"), N_("Step anatomy"), N_("KV capacity"), N_("Top-p curve"),
+                     N_("Temperature curve"), N_("Model comparison"), N_("Batching"), N_("KV reservation"),
+                     N_("Continuous batching"), N_("Serving over HTTP"), N_("Fast decoding"),
+                     N_("Fidelity to MiniMind"))
+
+
+def category_name(name: str | None, language: str) -> str | None:
+    """A report category (or subcategory) in `language`; None stays None."""
+    return None if name is None else gettext_for(language)(name)
+
+
 def decimal(value: float, digits: int, language: str) -> str:
     """`value` with `digits` decimals and the language's separators: 4.823 -> "4.82"."""
     pattern = "#,##0" + ("." + "0" * digits if digits else "")
