@@ -193,6 +193,32 @@ def test_the_timeline_and_the_events_say_what_happened_when(measured):
 
 
 
+@pytest.mark.parametrize("language", ["en", "ko"])
+def test_the_latency_figures_note_sits_under_the_panels_clear_of_every_line(language, monkeypatch, tmp_path):
+    """The note on the times (runs cut, the CPU taken) is drawn under both panels, so no saturation line
+    or point runs through it (inside the seconds' panel it once sat on the static saturation line)."""
+    rows = [{"policy": policy, "fraction": fraction, "rate_per_step": fraction * 2, "normalized_latency_steps": 1 + i,
+             "normalized_latency_s": 0.01 * (1 + i), "cut": fraction == 1.5, "cpu_share": 0.5, "requests": 24,
+             "saturation_fraction_static": 0.6}
+            for policy in ("static", "continuous") for i, fraction in enumerate((0.5, 1.0, 1.5))]
+    figures = []
+
+    def keep(fig, path, rect=None):
+        fig.tight_layout(rect=rect)
+        fig.canvas.draw()
+        figures.append(fig)
+
+    monkeypatch.setattr(serving_figures, "save", keep)
+    serving_figures.serve_latency(rows, tmp_path / "serve_latency.png", language)
+    [fig] = figures
+    renderer = fig.canvas.get_renderer()
+    [note] = [text for text in fig.texts if text.get_gid() == serving_figures.NOTE]
+    box = note.get_window_extent(renderer)
+    assert len(note.get_text().splitlines()) >= 2  # both notes: a run cut, and the CPU taken
+    for axis in fig.axes:
+        assert not box.overlaps(axis.get_window_extent(renderer)), axis.get_title()
+
+
 @pytest.mark.parametrize("requests", [4, 24, 64])
 @pytest.mark.parametrize("language", ["en", "ko"])
 def test_the_timelines_legend_sits_between_the_figures_title_and_the_first_panels(requests, language, monkeypatch,
