@@ -431,3 +431,26 @@ def test_a_bad_class_sheet_stops_before_any_job(course_build, course, tmp_path):
     assert result.returncode == 1
     assert (result.stdout + result.stderr).strip().splitlines()[-1] == (
         f"{sheet}, line 3: student_id s1 is already on line 2")
+
+
+def test_the_class_tests_figure_says_what_its_colours_mean(tmp_path, monkeypatch):
+    """Red bars are the tests fewer than half passed, green the rest, and the legend says so; the title
+    claims no more than the pass rates show."""
+    from kvlab.grade import class_page as page_module
+
+    rows = [{"number": i + 1, "test": name, "passed": passed, "graded": 4}
+            for i, (name, passed) in enumerate((("same_ids", 4), ("kv_bytes", 1), ("topp", 2)))]
+    figures = []
+
+    def keep(fig, path, rect=None):
+        figures.append(fig)
+
+    monkeypatch.setattr(page_module, "save", keep)
+    page_module.class_tests(rows, tmp_path / "class_tests.png", "en")
+    [fig] = figures
+    ax = fig.axes[0]
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert legend == ["passed by fewer than half", "passed by half or more"]
+    red, green = (handle.get_facecolor() for handle in ax.get_legend().legend_handles)
+    assert [bar.get_facecolor() for bar in ax.patches[:3]] == [green, red, green]  # 4/4, 1/4, 2/4 (half)
+    assert "hard" not in ax.get_title()

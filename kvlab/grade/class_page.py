@@ -7,6 +7,7 @@ import base64
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 import numpy as np
 
 from markupsafe import Markup
@@ -23,7 +24,9 @@ LABELS = {
     "students": N_("students"),
     "scores_title": N_("Scores of the class ({students} students, maximum {max_score})"),
     "pass_rate": N_("students who handed in a folder and passed (%)"),
-    "tests_title": N_("Pass rate of each test ({graded} folders): which step the class found hard"),
+    "tests_title": N_("Pass rate of each test ({graded} folders)"),
+    "under_half": N_("passed by fewer than half"),
+    "half_or_more": N_("passed by half or more"),
 }
 
 
@@ -73,12 +76,16 @@ def class_scores(rows: list[dict], path, language: str = "en") -> None:
 
 def class_tests(rows: list[dict], path, language: str = "en") -> None:
     """One horizontal bar per test, in the sheet's order: the share of the folders handed in that
-    passed it (tests.csv)."""
+    passed it (tests.csv), red where fewer than half passed, a line at half, and a legend that says so."""
     rates = np.array([0.0 if row["graded"] == 0 else 100 * row["passed"] / row["graded"] for row in rows])
     with drawing(language, LABELS) as text:
         fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
         positions = np.arange(len(rows))[::-1]
-        ax.barh(positions, rates, 0.6, color=["tab:red" if rate < 50 else "tab:green" for rate in rates])
+        colors = {True: "tab:red", False: "tab:green"}
+        ax.barh(positions, rates, 0.6, color=[colors[bool(rate < 50)] for rate in rates])
+        ax.axvline(50, color="grey", ls=":", lw=1)
+        ax.legend([Patch(color=colors[True]), Patch(color=colors[False])],
+                  [text("under_half"), text("half_or_more")], fontsize=8, loc="lower right")
         for y, row, rate in zip(positions, rows, rates):
             ax.annotate(f"{row['passed']}/{row['graded']}", (rate, y), textcoords="offset points", xytext=(3, 0),
                         va="center", fontsize=8)
