@@ -160,3 +160,12 @@ def test_the_gap_of_the_issues_contended_build():
     measured = (3.8, 4.0)  # 1.075 / 0.269 = 4.0: in it
     assert verdicts.gap_cause(predicted, outside, measured, "flat") == "outside"
     assert verdicts.gap_cause(predicted, {"with_cache": 0.0, "without_cache": 0.0}, measured, "flat") == "unexplained"
+
+
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 5000)), min_size=1, max_size=6))
+def test_close_counts_are_close_both_ways_and_never_across_a_wide_gap(pairs):
+    close = verdicts.close_counts(pairs)
+    assert close == verdicts.close_counts([(b, a) for a, b in pairs])
+    if close:
+        assert all(min(a, b) >= (1 - verdicts.CLOSE_COUNTS) * max(a, b) for a, b in pairs)
+    assert verdicts.close_counts([(1847, 1845)]) and not verdicts.close_counts([(1847, 1845), (40, 20)])

@@ -26,7 +26,8 @@ from kvlab.facts.timing import CONTENDED_CPU_SHARE, CONTENDED_RUNS_SHARE, UNSTAB
 from kvlab.io import read_csv_rows, read_json
 from kvlab.present import beyond, clocks
 from kvlab.present.pages import sandboxed_template
-from kvlab.present.verdicts import against, agreement, comparison, direction, on_clock, one_clock, steps
+from kvlab.present.verdicts import (CLOSE_COUNTS, against, agreement, close_counts, comparison, direction, on_clock,
+                                    one_clock, steps)
 
 BEYOND_TEMPLATE = "beyond.md.j2"
 # The two rules a timing is read with care by (kvlab.facts.timing), which the reports state.
@@ -177,6 +178,8 @@ def topp_section(results: dict) -> dict:
         "rows": rows, "flat_prefix": sharp["flat_prefix"], "sharp_prefix": sharp["prefix"],
         "comparison": comparison((row["flat"], row["sharp"]) for row in rows),
         "ties": sum(row["flat"] == row["sharp"] for row in rows),
+        # counts this close at every p say no distribution is flatter (kvlab.present.verdicts.CLOSE_COUNTS)
+        "close": close_counts((row["flat"], row["sharp"]) for row in rows), "close_share": CLOSE_COUNTS,
     }}
 
 
