@@ -8,6 +8,7 @@ package), shared by the module: a tiny random MiniMind saved as a checkpoint, th
 slots, a waiting queue of one, a drain of 0.2 s. The SIGTERM test, the last, stops it."""
 import asyncio
 import json
+import signal
 import time
 
 import httpx
@@ -436,6 +437,44 @@ def test_a_second_start_loads_the_step_the_first_compiled(checkpoint, tokenizer_
     assert "the engine's step loaded from" in logs[1] and "compiled into" not in logs[1], logs[1]
     assert answers[0] == answers[1]
     assert list((tmp_path / "cache" / "aot").glob("*.fn"))
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_stops_at_once_whatever_the_drain(checkpoint, tokenizer_dir, second):
+    """With a drain of a minute and some twelve seconds of requests queued, a first SIGTERM starts the
+    drain and a second SIGTERM or Ctrl+C (SIGINT) ends the process within seconds: the requests are
+    aborted, no traceback is logged, the exit status is 0."""
+    import threading
+
+    args = ["--checkpoint", checkpoint, "--tokenizer", tokenizer_dir, "--served-model-name", MODEL, "--threads", 1,
+            "--max-num-seqs", 1, "--max-waiting", 16, "--drain-seconds", 60]
+    streaming = threading.Event()
+
+    def consume(url):
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", timeout=120,
+                              json={"model": MODEL, "prompt": "민수는", "stream": True, **LONG}) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        streaming.set()
+        except httpx.HTTPError:
+            pass  # the server went away: what this test is about
+
+    with ServerProcess(args) as started:
+        clients = [threading.Thread(target=consume, args=(started.url,), daemon=True) for _ in range(12)]
+        for client_thread in clients:
+            client_thread.start()
+        assert streaming.wait(30)
+        started.process.terminate()
+        wait_for(lambda: httpx.get(f"{started.url}/health").status_code == 503, what="the drain")
+        sent = time.monotonic()
+        started.process.send_signal(second)
+        started.process.wait(30)
+        stopped = time.monotonic() - sent
+        log = started.log_tail(400)
+    assert stopped < 5, f"stopped {stopped:.1f} s after the second signal (12 requests of about 1 s queued)"
+    assert started.process.returncode == 0, log
+    assert "Traceback" not in log and "CancelledError" not in log, log
 
 
 # --- last: it stops the module's server ------------------------------------------------------------

@@ -164,8 +164,9 @@ def serve(args) -> int:
             await super().serve(sockets)
 
         def handle_exit(self, sig, frame):
-            if self.draining:
-                super().handle_exit(sig, frame)
+            if self.draining:  # a second signal: the drain ends now (what runs is aborted), then shut down as
+                # after any drain; not uvicorn's forced exit, which cancels the app's lifespan mid-await and logs it
+                self.event_loop.call_soon_threadsafe(context.thread.drain, 0.0)
                 return
             self.draining = True
             # a signal handler must not take the serving thread's lock: the drain starts on the event loop
