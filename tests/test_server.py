@@ -314,6 +314,10 @@ def test_malformed_json_is_a_400_in_openais_shape(server):
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
     assert "JSON" in httpx.post(f"{server.url}/v1/completions", content=b"{",
                                 headers={"Content-Type": "application/json"}).json()["error"]["message"]
+    # where decoding stopped, and why: the stray comma is at character 15
+    message = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": "x",, "max_tokens": 2}',
+                         headers={"Content-Type": "application/json"}).json()["error"]["message"]
+    assert message.startswith("the body is not valid JSON at character 15: ") and "double quotes" in message, message
 
 
 def test_the_openai_client_raises_the_400_with_its_field(client):

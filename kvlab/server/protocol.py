@@ -229,7 +229,9 @@ def validation_error(errors: list[dict]) -> ApiError:
     naming the first field."""
     error = errors[0]
     if error.get("type") == "json_invalid":
-        return ApiError(400, f"the body is not valid JSON ({error.get('ctx', {}).get('error', error['msg'])})")
+        where = error.get("loc", ())[1:2]  # FastAPI gives the character where decoding stopped
+        at = f" at character {where[0]}" if where and isinstance(where[0], int) else ""
+        return ApiError(400, f"the body is not valid JSON{at}: {error.get('ctx', {}).get('error', error['msg'])}")
     param = field_path(error.get("loc", ()))
     if param is None:
         return ApiError(400, f"the body must be a JSON object of OpenAI's fields ({error['msg']})")
