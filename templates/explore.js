@@ -33,7 +33,11 @@
     return new Intl.NumberFormat(lang, { style: "percent", minimumFractionDigits: digits, maximumFractionDigits: digits }).format(share);
   }
   const smallShare = new Intl.NumberFormat(lang, { style: "percent", maximumSignificantDigits: 2 });
-  function probability(share) { return share >= 0.01 ? percent(share, 1) : smallShare.format(share); }
+  // a share as a person reads it: one decimal from 1%, two significant digits down to 0.01%, "under 0.01%" below
+  function probability(share) {
+    if (share >= 0.01) return percent(share, 1);
+    return share >= 0.0001 ? smallShare.format(share) : say("below_share", { share: percent(0.0001, 2) });
+  }
   const UNITS = ["KiB", "MiB", "GiB", "TiB"];
   function bytes(n) {
     let value = n, unit = -1;
@@ -138,7 +142,7 @@
     const span = element("div", { class: "span" });
     span.style.gridTemplateColumns = `${gen.prompt_len}fr ${positions - gen.prompt_len}fr`;
     span.appendChild(element("div", { class: "prompt-span" }, `${labels.prompt} (P = ${integer(gen.prompt_len)})`));
-    span.appendChild(element("div", { class: "new-span" }, say("fed_back", { count: integer(positions - gen.prompt_len) })));
+    span.appendChild(element("div", { class: "new-span", id: "fed-back" }));  // drawStep says it, by step and mode
     axis.appendChild(span);
     for (let layer = 0; layer < model.layers; layer++) {
       const row = element("div", { class: "layer" });
@@ -187,7 +191,9 @@
     const produced = element("span", { class: "produced", title: say("new_token", { token: token, id: step.id }) });
     produced.appendChild(withSpecialTokens(token));
     generated.appendChild(produced);
-    // the grid
+    // the grid: the new tokens fed back before this step, and how this step feeds them
+    document.getElementById("fed-back").textContent =
+      say(mode === "with_cache" ? "fed_back" : "fed_back_again", { count: integer(index) });
     for (let layer = 0; layer < model.layers; layer++) {
       const kinds = cellKinds(index, mode, layer);
       kinds.forEach((kind, position) => { cells[layer][position].className = kind ? "cell " + kind : "cell"; });
@@ -465,8 +471,22 @@
     const first = rows[0];
     const perToken = first.bytes_per_token_formula;
     const element_bytes = perToken / (2 * first.layers * first.kv_heads * first.head_dim);
-    const tokens = Math.max(1, Math.floor(Number(tokensInput.value) || 1));
-    const budget = Math.max(0, Number(budgetInput.value) || 0);
+    // what the student typed, refused when it is no count of tokens or no amount of memory (never read as 1 or 0)
+    const tokens = Number(tokensInput.value), budget = Number(budgetInput.value);
+    const badTokens = tokensInput.value.trim() === "" || !Number.isInteger(tokens) || tokens < 1;
+    const badBudget = budgetInput.value.trim() === "" || !Number.isFinite(budget) || budget < 0;
+    tokensInput.setAttribute("aria-invalid", String(badTokens));
+    budgetInput.setAttribute("aria-invalid", String(badBudget));
+    const problem = document.getElementById("cap-problem");
+    problem.textContent = [badTokens ? say("cap_invalid_tokens") : "", badBudget ? say("cap_invalid_budget") : ""]
+      .filter(Boolean).join(" ");
+    problem.hidden = !(badTokens || badBudget);
+    if (badTokens || badBudget) {
+      for (const id of ["cap-per-request", "cap-per-request-formula", "cap-fit", "cap-fit-formula", "cap-vllm"]) {
+        document.getElementById(id).textContent = "–";
+      }
+      return;
+    }
     const counted = requestsThatFit(budget, perToken, tokens);
     document.getElementById("cap-per-token").textContent = bytes(perToken);
     document.getElementById("cap-per-token-formula").textContent =

@@ -155,6 +155,11 @@ def test_the_latency_split_plans_its_runs_from_its_warm_up():
     full = step_latency(*args)
     assert all(len(full[label]["generate_samples_s"]) >= 4 for label in ("with_cache", "without_cache"))
     assert full["budget"]["cut"] == [] and full["warmups"] == {"with_cache": 1, "without_cache": 1}
+    # the prefill alone, both modes in alternation, for the TTFTs' difference
+    from kvlab.measure.curves import PREFILL_PAIRS
+    alone = full["prefill_alone"]
+    assert alone["pairs"] == PREFILL_PAIRS and alone["with_cache"]["n"] == alone["without_cache"]["n"] == PREFILL_PAIRS
+    assert alone["ratio"]["low"] <= alone["ratio"]["ratio"] <= alone["ratio"]["high"]
     roomy = step_latency(*args, budget=Budget(3600))
     assert roomy["warmups"] == {"with_cache": 1, "without_cache": 1} and roomy["budget"]["cut"] == []
 

@@ -327,6 +327,42 @@ def test_the_budget_counts_requests_as_kv_capacity_does(browser_page, built):
     assert number(page.locator("#cap-fit").inner_text()) == 1024**3 // (lab["bytes_per_token_formula"] * 1000)
 
 
+@pytest.mark.parametrize("tokens, budget", [("0", "1"), ("-5", "1"), ("1.5", "1"), ("", "1"), ("100", "-1")])
+def test_the_budget_refuses_what_is_no_count_of_tokens_or_memory(browser_page, tokens, budget):
+    """0, -5, 1.5 or nothing for the tokens (or a negative memory) is said to be wrong, and nothing is
+    counted from it: it was once read as 1 token."""
+    page, *_ = browser_page
+    page.locator("#cap-tokens").fill(tokens)
+    page.locator("#cap-budget").fill(budget)
+    problem = page.locator("#cap-problem")
+    assert problem.is_visible() and problem.inner_text().strip()
+    assert page.locator("#cap-fit").inner_text() == "–" and page.locator("#cap-per-request").inner_text() == "–"
+    page.locator("#cap-tokens").fill("100")
+    page.locator("#cap-budget").fill("1")
+    assert not problem.is_visible() and number(page.locator("#cap-fit").inner_text()) > 0
+
+
+def test_the_grid_label_follows_the_step_and_the_mode(browser_page, built):
+    page, *_ = browser_page
+    steps_count = load(built, "explore_steps")["new_tokens"]
+    said = {}
+    for mode in ("with_cache", "without_cache"):
+        page.locator(f"input[name=mode][value={mode}]").check()
+        for step in (1, 2, steps_count):
+            page.locator("#step").fill(str(step))
+            said[mode, step] = page.locator("#fed-back").inner_text()
+            assert str(step - 1) in said[mode, step], said[mode, step]
+    assert said["with_cache", steps_count] != said["without_cache", steps_count]
+
+
+def test_no_probability_prints_a_run_of_zeros(browser_page):
+    """However cold the temperature, a tiny probability reads as "under 0.01%", not 0.0000000000025%."""
+    page, *_ = browser_page
+    page.locator("#temperature").fill("0.1")
+    shown = page.locator("ol.bars .prob").all_inner_texts()
+    assert shown and not [text for text in shown if re.search(r"0[.,]000", text)], shown
+
+
 def test_the_batch_table_shows_batch_tsv_s_throughput(browser_page, built):
     page, *_ = browser_page
     rows = read_csv_rows(built / "batch.tsv")
@@ -334,6 +370,23 @@ def test_the_batch_table_shows_batch_tsv_s_throughput(browser_page, built):
         cell = page.locator(f"#batch-table tr[data-b='{row['B']}'] td[data-mode='{row['mode']}']").inner_text()
         assert number(cell) == round(row["S_TG t/s"]), (row["mode"], row["B"], cell)
     assert page.locator("#batch-table tbody tr").count() == len({row["B"] for row in rows})
+
+
+def test_the_page_says_which_characters_its_font_cannot_draw(built, tmp_path):
+    """A model whose texts hold characters the embedded Hangul font lacks (a Chinese tokenizer's simplified
+    ones) gets a note naming them; the lab's own model needs none."""
+    results = {name: built / RESULTS[name].path.removeprefix("results/") for name in EXPLORE_READS}
+    template = ROOT / EXPLORE_TEMPLATE
+    render = lambda paths: page_module.render_explore(template, template.with_name("explore.js"),  # noqa: E731
+                                                      template.with_name("explore.css"), paths, hangul_font_path(), "en")
+    assert 'id="missing-glyphs"' not in render(results)
+    answers = json.loads(results["temp_answers"].read_text(encoding="utf-8"))
+    key = next(iter(answers["answers"]))
+    answers["answers"][key][0] = "你们好 가람"
+    changed = tmp_path / "temp_answers.json"
+    changed.write_text(json.dumps(answers, ensure_ascii=False), encoding="utf-8")
+    note = render({**results, "temp_answers": changed}).split('id="missing-glyphs">')[1].split("</p>")[0]
+    assert note.startswith("2 characters") and "你 们" in note, note  # 好 is in NanumGothic, 你 and 们 are not
 
 
 def test_the_page_reads_in_english_too(built):

@@ -677,3 +677,22 @@ def test_the_report_page_holds_its_figures_and_escapes_what_the_model_wrote(buil
     markdown_file.write_text("# T\n\n| a |\n|---|\n| `<script>alert(1)</script>` |\n", encoding="utf-8")
     page = report_page(template, [markdown_file], [], font, "en")
     assert "<script>" not in page and "&lt;script&gt;" in page and "<title>T</title>" in page
+
+
+def test_the_ttft_difference_is_told_from_the_prefill_timed_alone(built, tmp_path):
+    """Where the generations' TTFTs differ, the report reads the prefill timed alone in both modes, in
+    alternation: within its spread the difference is the order's, outside it the two calls' own."""
+    from kvlab.facts.results import report_inputs
+    from kvlab.present.report import render_report
+
+    paths = {name: built / path.removeprefix("results/") for name, path in report_inputs(False, "beyond").items()}
+    latency = json.loads(paths["latency"].read_text(encoding="utf-8"))
+    assert latency["prefill_alone"]["pairs"] >= 5
+    latency["ttft_agree"] = False
+    for (ratio, low, high), said in (((1.0, 0.9, 1.1), "cannot tell them apart"),
+                                     ((1.5, 1.4, 1.6), "do not cost the same")):
+        latency["prefill_alone"]["ratio"] = {"ratio": ratio, "low": low, "high": high, "contended": False}
+        changed = tmp_path / "latency.json"
+        changed.write_text(json.dumps(latency), encoding="utf-8")
+        text = render_report(ROOT / "templates" / "report" / "beyond.md.j2", {**paths, "latency": changed}, "en")
+        assert said in text and "artefact" not in text

@@ -129,6 +129,32 @@ def sweep_point(model, prompt_ids: list[int], new_tokens: int, warmup: int, repe
 
 # The latency split's timed generations a mode whatever its budget: a median and a spread of two.
 LATENCY_RUNS = 2
+# The prefill alone, timed in both modes in alternation: pairs of calls (each mode first in turn).
+PREFILL_PAIRS = 7
+
+
+def prefill_alone(model, prompt: torch.Tensor) -> dict:
+    """The prefill of `prompt` (the first forward call of a generation) in each mode on its own, the two
+    in alternation (each first in turn), PREFILL_PAIRS times: whether the TTFTs of the generations
+    differ because the work does (the cached prefill also keeps its K and V) or only because of what
+    ran before them. Each mode's timing summary and `ratio` (without over with, with its interval)."""
+    samples: dict[str, list[float]] = {label: [] for label, _ in MODES}
+    usage = {label: timing.empty_usage() for label, _ in MODES}
+
+    def call(use_cache: bool):
+        with torch.inference_mode():
+            model(prompt, use_cache=use_cache)
+        steps.sync(prompt.device)
+
+    for pair in range(PREFILL_PAIRS):
+        for label, use_cache in (MODES if pair % 2 == 0 else MODES[::-1]):
+            samples[label] += timing.repeat(lambda: call(use_cache), 1, 0, usage=usage[label])
+    judged = timing.judged_on(prompt.device)
+    summaries = {label: timing.summary(samples[label], usage[label], judged) for label, _ in MODES}
+    return {**summaries, "pairs": PREFILL_PAIRS,
+            "ratio": timing.ratio_interval(summaries["without_cache"], summaries["with_cache"])}
+
+
 # Under a budget, each mode's first steps (a probe) predict its whole generation before it is run.
 PROBE_STEPS = 8
 
@@ -243,6 +269,7 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
     result["measured"] = timing.ratio_interval(result["without_cache"]["generate"], result["with_cache"]["generate"])
     # The prefill is the same work in both modes: TTFTs whose spreads do not meet are a timing artefact
     # (a first call after a switch of mode, the machine's speed changing), not a finding.
+    result["prefill_alone"] = prefill_alone(model, prompt)
     result["budget"] = budget.record()
     result["ttft_agree"] = timing.overlap(*((result[label]["ttft"]["q1_s"], result[label]["ttft"]["q3_s"])
                                             for label, _ in MODES))

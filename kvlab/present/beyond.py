@@ -95,6 +95,11 @@ def latency_section(results: dict) -> dict:
         "probe_only": [label for label, whole in latency.get("warmups", {}).items() if whole == 0],
         "prompt_len": latency["prompt_len"],
         "ttft_agree": latency["ttft_agree"],
+        # the prefill alone in both modes, in alternation: does the work differ, or only the order?
+        "prefill_alone": ({**latency["prefill_alone"]["ratio"],
+                           "verdict": against((latency["prefill_alone"]["ratio"]["low"],
+                                               latency["prefill_alone"]["ratio"]["high"]), 1.0)}
+                          if "prefill_alone" in latency else None),
         # a fit that explains little, or a negative fixed cost, says the clock was noisy
         "fit_unreliable": fit["r2"] < 0.8 or fit["fixed_s"] <= 0,
         # the prediction against the measured interval: "above", "below" or "within" it

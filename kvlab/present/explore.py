@@ -29,6 +29,7 @@ from markupsafe import Markup
 from kvlab.facts.formulas import BATCH_MODES, MODES, fed_formulas
 from kvlab.io import read_csv_rows, read_json
 from kvlab.present.i18n import N_, check_language, gettext_for
+from kvlab.present.fonts import uncovered
 from kvlab.present.pages import embedded_font, sandboxed_template
 
 # Every label the script writes, in English (its Korean in the catalog); {names} are filled in by the script.
@@ -37,7 +38,11 @@ LABELS = {
     "without_cache": N_("without cache"),
     "prompt": N_("prompt"),
     "layer": N_("layer"),
-    "fed_back": N_("{count} new tokens fed back"),
+    "fed_back": N_("{count} new tokens fed back so far, the last one at this step"),
+    "fed_back_again": N_("{count} new tokens fed back so far, all of them again at this step"),
+    "below_share": N_("under {share}"),
+    "cap_invalid_tokens": N_("Tokens per request: a whole number, 1 or more."),
+    "cap_invalid_budget": N_("Memory: a number of GiB, 0 or more."),
     "step_of": N_("step {step} of {steps}"),
     "totals_after": N_("this page's totals after step {step}"),
     "new_token": N_("the token this step produced: {token} (id {id})"),
@@ -158,5 +163,26 @@ def render_explore(template_path, script_path, style_path, results: dict, font_p
                "question": data["sampling"]["question"],
                "script": Markup(Path(script_path).read_text(encoding="utf-8")),
                "style": Markup(Path(style_path).read_text(encoding="utf-8"))}
+    # the model's own texts (its tokens, answers, prompt) the embedded font cannot draw: the page says so
+    missing = [char for char in uncovered(font_path, strings(data["generation"], data["sampling"]))
+               if char != "\ufffd"]  # a byte-level piece's stand-in is no character of the model's
+    context["missing_glyphs"] = {"count": len(missing), "examples": " ".join(missing[:MISSING_SHOWN])}
     text = template.render(**context, font="")
     return template.render(**context, font=embedded_font(font_path, text))
+
+
+# How many of the characters the embedded font lacks the page names.
+MISSING_SHOWN = 8
+
+
+def strings(*values) -> list[str]:
+    """Every string inside `values` (dicts, lists and strings, as JSON holds them), keys aside."""
+    found: list[str] = []
+    for value in values:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict):
+            found.extend(strings(*value.values()))
+        elif isinstance(value, (list, tuple)):
+            found.extend(strings(*value))
+    return found

@@ -60,6 +60,17 @@ def embedded_font(font_path, text: str) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def uncovered(font_path, texts) -> list[str]:
+    """The characters of `texts` (strings) the font at `font_path` has no glyph for, whitespace and
+    controls aside, each once in order of first appearance: what a page embedding only that font
+    cannot draw itself (a Chinese tokenizer's simplified characters, for NanumGothic)."""
+    from fontTools.ttLib import TTFont
+
+    cmap = TTFont(str(font_path), lazy=True).getBestCmap()
+    return list(dict.fromkeys(char for text in texts for char in text
+                              if char.isprintable() and not char.isspace() and ord(char) not in cmap))
+
+
 def font_face(text: str, font_path=None) -> str:
     """A CSS @font-face of EMBEDDED_FAMILY holding the glyphs of `text` (the face at `font_path`, or the
     package's NanumGothic), as a data: URL."""
