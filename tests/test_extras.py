@@ -203,7 +203,8 @@ def test_the_html_report_opens_on_the_lab_and_shows_the_lab_report_in_a_browser(
             page.goto(html_report.as_uri())
             front = page.locator("body")
             front.get_by_text("KV 캐시와 샘플링").first.wait_for(timeout=30_000)
-            assert "Lab report" in front.inner_text() and "보고서 열기" in front.inner_text()
+            # the sidebar's category and the front page's name for it, in the report's language
+            assert i18n.gettext_for("ko")("Lab report") in front.inner_text() and "보고서 열기" in front.inner_text()
             assert "System Message" not in front.inner_text()  # the front page's reStructuredText is clean
             # its Hangul drawn in the face it carries (results/front_page_font.html), not the machine's
             assert_hangul_drawn_in_the_pages_own_face(page, ".document h1")

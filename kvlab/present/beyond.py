@@ -77,7 +77,7 @@ def latency_section(results: dict) -> dict:
     judged = on_clock(*clocks.latency_speedup(latency).values())
     fit, predicted, outside = latency_on_clock(latency, judged["clock"])
     interval = (judged["low"], judged["high"])
-    cached = latency["with_cache"]
+    cached, alone = latency["with_cache"], latency.get("prefill_alone", {}).get("ratio")
     decode = cached["step_s"][1:]
     quarter = max(len(decode) // 4, 1)
     cached_growth = growth(decode[:quarter], decode[-quarter:]) if len(decode) >= 2 else "flat"
@@ -95,11 +95,8 @@ def latency_section(results: dict) -> dict:
         "probe_only": [label for label, whole in latency.get("warmups", {}).items() if whole == 0],
         "prompt_len": latency["prompt_len"],
         "ttft_agree": latency["ttft_agree"],
-        # the prefill alone in both modes, in alternation: does the work differ, or only the order?
-        "prefill_alone": ({**latency["prefill_alone"]["ratio"],
-                           "verdict": against((latency["prefill_alone"]["ratio"]["low"],
-                                               latency["prefill_alone"]["ratio"]["high"]), 1.0)}
-                          if "prefill_alone" in latency else None),
+        # the prefill alone, both modes in alternation: does the work differ, or only the order?
+        "prefill_alone": alone and {**alone, "verdict": against((alone["low"], alone["high"]), 1.0)},
         # a fit that explains little, or a negative fixed cost, says the clock was noisy
         "fit_unreliable": fit["r2"] < 0.8 or fit["fixed_s"] <= 0,
         # the prediction against the measured interval: "above", "below" or "within" it
