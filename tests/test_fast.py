@@ -7,10 +7,10 @@ import weakref
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 from kvlab.engine import aot, fast, sampling
 from kvlab.engine.model import left_pad
+from kvlab.kernels import torch_internals
 from kvlab.measure.steps import GREEDY
 
 from helpers import TINY_FAST, random_model, torch_threads
@@ -39,7 +39,7 @@ def one_thread():
 
 def compiles() -> int:
     """Graphs dynamo has compiled in this process so far."""
-    return counters["stats"]["unique_graphs"]
+    return torch_internals.compiled_graphs()
 
 
 class SeenLogits:
@@ -202,7 +202,7 @@ def test_one_program_per_architecture_every_length_minimind_s_tokens_and_the_dis
 def test_a_torch_compile_plan_compiles_once_per_shape(monkeypatch):
     """The plan compiled by torch.compile (the GPU's way, and the ablation's): one compile per shape,
     none within a generation, MiniMind's tokens."""
-    torch._dynamo.reset()  # count from a clean slate, whatever ran before in this process
+    torch_internals.reset_compiler()  # count from a clean slate, whatever ran before in this process
     model = random_model(0, **TINY_FAST)
     plan = fast.StepPlan(rowwise_matmul=True, cpp_wrapper=True)
     seen = SeenLogits(monkeypatch)

@@ -4,14 +4,16 @@ in what torch.compile and torch.export trace. Each operator against its torch re
 caller's: kvlab::paged_attention and kvlab::linear in tests/test_serving_parts.py, kvlab::greedy_pick in
 tests/test_sampling.py."""
 import fnmatch
+import os
 import re
 import subprocess
+import sys
 import tomllib
 
 import pytest
 import torch
 
-from kvlab.kernels import loader, ops
+from kvlab.kernels import loader, ops, torch_internals
 
 from helpers import ROOT
 
@@ -23,6 +25,16 @@ def test_no_python_module_holds_cpp():
     holding = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "kvlab").rglob("*.py"))
                if cpp.search(path.read_text(encoding="utf-8"))]
     assert holding == []
+
+
+def test_only_one_module_touches_torchs_private_entry_points():
+    """`torch._*` and a tensor's `_version` are named in kvlab.kernels.torch_internals alone (each wrapped
+    there with its reason), in no other module of kvlab, its scripts, tools or tests."""
+    private = re.compile(r"\btorch\._[A-Za-z]|\._" + r"version\b")  # (split, so this file does not name it)
+    named = [str(path.relative_to(ROOT)) for folder in ("kvlab", "scripts", "tools", "tests")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             if path.name != "torch_internals.py" and private.search(path.read_text(encoding="utf-8"))]
+    assert named == []
 
 
 def test_every_csrc_file_is_package_data_and_built():
@@ -40,14 +52,16 @@ def test_every_csrc_file_is_package_data_and_built():
 
 def test_every_source_compiles_on_its_own_without_a_warning():
     """Each .cpp includes what it uses (the library is one translation unit of them all, but none relies on
-    another before it) and compiles with the library's flags, -Wall, and no warning (-Werror)."""
+    another before it) and compiles with the library's flags, -Wall, and no warning (-Werror), for this
+    CPU and for one without AVX (the portable path, -march=x86-64)."""
     compiler = loader.find_cpp_compiler()
     if compiler is None:
         pytest.skip("no C++ compiler found")
     flags = [flag for flag in loader.FLAGS if flag != "-shared"]
-    runs = {path.name: subprocess.Popen([compiler, *flags, "-Werror", "-fsyntax-only", str(path), *loader.torch_flags()],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for path in loader.sources() if path.suffix == ".cpp"}
+    runs = {(path.name, march): subprocess.Popen([compiler, *flags, f"-march={march}", "-Werror", "-fsyntax-only",
+                                                  str(path), *loader.torch_flags()],
+                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for path in loader.sources() if path.suffix == ".cpp" for march in ("native", "x86-64")}
     said = {name: run.communicate()[0] for name, run in runs.items()}
     assert {name: text for name, text in said.items() if runs[name].returncode or text.strip()} == {}
 
@@ -62,16 +76,17 @@ def test_the_wrappers_leave_the_custom_operators_in_the_traced_graphs():
     if not loader.library():
         pytest.skip("no C++ compiler built kvlab.kernels' operators")
 
-    def step(q, keys, values, positions, pair_rows, pair_blocks, weight, pack_id, temperatures):
+    def step(q, keys, values, positions, pair_rows, pair_blocks, weight, panels, temperatures):
         attended = ops.paged_attention(q, keys, values, positions, pair_rows, pair_blocks)  # (N, 1, H * D)
-        logits = ops.linear(attended[:, 0], weight, pack_id)
+        logits = ops.linear(attended[:, 0], weight, panels)
         return logits, ops.greedy_pick(logits, temperatures)
 
     generator = torch.Generator().manual_seed(0)
     keys, values = torch.randn(2, 3, 4, 2, 32, generator=generator)
+    weight = torch.randn(50, 128, generator=generator)
     inputs = (torch.randn(2, 1, 4, 32, generator=generator), keys, values, torch.tensor([5, 2]),
-              torch.tensor([0, 0, 1]), torch.tensor([0, 2, 1]), torch.randn(50, 128, generator=generator),
-              torch.tensor(10 ** 9 + 7), torch.tensor([1.0, 0.7]))
+              torch.tensor([0, 0, 1]), torch.tensor([0, 2, 1]), weight, ops.linear_panels(weight),
+              torch.tensor([1.0, 0.7]))
     kvlab_ops = {torch.ops.kvlab.paged_attention.default, torch.ops.kvlab.linear.default,
                  torch.ops.kvlab.greedy_pick.default}
     graphs = []
@@ -80,7 +95,7 @@ def test_the_wrappers_leave_the_custom_operators_in_the_traced_graphs():
         graphs.append(graph_module.graph)
         return graph_module.forward
 
-    torch._dynamo.reset()
+    torch_internals.reset_compiler()
     compiled = torch.compile(step, backend=backend, fullgraph=True)(*inputs)
     (graph,) = graphs
     assert kvlab_ops <= {getattr(target, "default", target) for target in traced_targets(graph)}
@@ -95,3 +110,37 @@ def test_the_wrappers_leave_the_custom_operators_in_the_traced_graphs():
     assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
     assert all(torch.equal(a, b) for a, b in zip(exported.module()(*inputs), eager))
     assert eager[0].shape == (2, 50) and eager[1].dtype == torch.int64
+
+
+def test_the_panel_width_follows_the_cpu_the_library_was_built_for():
+    """kvlab::linear's panels are 32 columns with AVX-512, 16 with AVX2 and FMA, none on the portable
+    path ($KVLAB_KERNELS_MARCH=x86-64: no AVX; its product is then MKL's at every size)."""
+    if not loader.library():
+        pytest.skip("no C++ compiler built kvlab.kernels' operators")
+    march = os.environ.get(loader.MARCH_ENV) or "native"
+    cpu = set(loader.cpu_flags().split()) if march == "native" else set()
+    expected = 32 if "avx512f" in cpu else 16 if {"avx2", "fma"} <= cpu else 0
+    assert ops.panel_width() == expected
+
+
+PORTABLE_TESTS = ["tests/test_kernels.py::test_the_panel_width_follows_the_cpu_the_library_was_built_for",
+                  "tests/test_kernels.py::test_the_wrappers_leave_the_custom_operators_in_the_traced_graphs",
+                  "tests/test_serving_parts.py::test_the_cpu_kernel_is_minimind_attention_row_by_row",
+                  "tests/test_serving_parts.py::test_the_product_operator_is_f_linear_and_a_function_of_its_inputs",
+                  "tests/test_sampling.py::test_the_greedy_choice_is_next_tokens_at_each_rows_temperature"]
+
+
+def test_the_portable_path_passes_the_operators_tests(tmp_path):
+    """Built for a CPU without AVX (-march=x86-64, in a cache of its own), the library passes each
+    operator's test against its torch reference, as the build for this CPU does: run in a process of
+    its own (one process loads one library `kvlab`)."""
+    if loader.find_cpp_compiler() is None:
+        pytest.skip("no C++ compiler found")
+    if os.environ.get(loader.MARCH_ENV):
+        pytest.skip("this run is the portable path's own")
+    env = {**os.environ, loader.MARCH_ENV: "x86-64", loader.CACHE_ENV: str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PORTABLE_TESTS],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert f"{len(PORTABLE_TESTS)} passed" in run.stdout, run.stdout[-3000:]
+    assert [path.name for path in (tmp_path / "kernels").iterdir()], "the portable library was not built there"

@@ -75,7 +75,7 @@ def test_mixed_prefill_and_decode_steps_equal_generate_alone(model, compile):
 def test_one_compiled_step_serves_every_size_without_recompiling(model):
     """The step compiled once (its sizes symbolic) serves steps of 1 to 6 rows, prompts and decodes,
     contexts of 3 to 73 positions: no graph is compiled after the warm-up."""
-    from kvlab.serving.compiled_step import compiled_graphs
+    from kvlab.kernels.torch_internals import compiled_graphs
 
     engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=6))
     engine.warm_up()
@@ -96,7 +96,8 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
     (one decode row, many, prompt chunks beside decode rows, contexts over several blocks) the guards
     it was compiled with pass on the step's inputs, no graph is compiled, the logits are the eager
     step's within rounding, and its greedy picks are `greedy_choice`'s at each row's temperature."""
-    from kvlab.serving.compiled_step import compiled_graphs, step_logits, step_rows
+    from kvlab.kernels.torch_internals import compiled_graphs
+    from kvlab.serving.compiled_step import step_logits, step_rows
 
     engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=6))
     engine.warm_up()
@@ -113,9 +114,7 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
         logits, picks = step(pieces, temperatures)
         with torch.inference_mode():  # as the step builds its rows
             rows = step_rows(pieces, size, engine.pool.scratch_block, "cpu", temperatures)
-            inputs = (*rows.tensors(), step.weights.packed, step.weights.pack_id, engine.pool.keys,
-                      engine.pool.values, step.shape, step.native)
-            assert step.program.guard_check(*inputs), pieces
+            assert step.program.guard_check(*step.inputs(rows)), pieces
             eager = step_logits(rows, step.weights.views, engine.pool.keys, engine.pool.values, step.shape,
                                 step.native)
         assert torch.allclose(logits, eager[:len(logits)], atol=1e-5, rtol=1e-4), pieces
@@ -140,9 +139,9 @@ def test_each_architecture_gets_a_graph_of_its_own_and_calls_it_directly():
 
 def built_libraries() -> set:
     """The C++ libraries in inductor's cache directory."""
-    from torch._inductor.runtime.runtime_utils import cache_dir
+    from kvlab.kernels.torch_internals import inductor_cache_dir
 
-    return set(Path(cache_dir()).rglob("*.so"))
+    return set(Path(inductor_cache_dir()).rglob("*.so"))
 
 
 def test_a_compiled_step_is_kept_and_a_new_process_loads_it(model, monkeypatch):
@@ -151,7 +150,7 @@ def test_a_compiled_step_is_kept_and_a_new_process_loads_it(model, monkeypatch):
     again), and serves generate's tokens; a
     file that cannot be loaded is said so, compiled again and replaced."""
     from kvlab.engine import aot
-    from kvlab.serving.compiled_step import compiled_graphs
+    from kvlab.kernels.torch_internals import compiled_graphs
 
     requests = staggered(prompts_of((6, 11, 4)), greedy(6))
     first = ServingEngine(model, ServingConfig(num_blocks=32, max_num_seqs=3))

@@ -301,11 +301,12 @@ def test_without_a_compiler_the_engine_says_so_once_and_runs_the_same_step_eager
 
 
 def test_the_steps_products_follow_the_weights_when_they_change():
-    """The compiled step's products keep their copies of the weights in panels by the packed weights'
-    pack_id (kvlab.kernels' kvlab::linear): weights changed in place between two runs of
-    one engine (a training step, a load_state_dict) are packed again, and every token of the second run
+    """The compiled step's products read the packed weights' panels (kvlab.kernels' kvlab::linear),
+    laid out again with every copy: weights changed in place between two runs of one engine (a
+    training step, a load_state_dict) are packed and laid out again, and every token of the second run
     is `generate`'s with the new weights. The four requests decode together: 4 rows, the operator's
     own product (an LM head of 1,100 outputs: 34 panels and a part)."""
+
     from helpers import random_model
 
     model = random_model(3, vocab_size=1100, hidden_size=64, num_hidden_layers=2)
@@ -324,29 +325,35 @@ def test_the_steps_products_follow_the_weights_when_they_change():
     assert served[0] != served[1]  # the weights did change what is served
 
 
-def test_the_product_operator_is_f_linear():
+def test_the_product_operator_is_f_linear_and_a_function_of_its_inputs():
     """kvlab::linear against F.linear: MKL's very product below 4 rows; its own from 4 rows on, within
     a float's rounding, for whole tiles of rows and the rest (8 rows a tile, 32 or 16 outputs a panel:
-    1,100 outputs leave part of a panel); a new pack_id for new contents of the same
-    buffer gives the new product."""
+    1,100 outputs leave part of a panel). It keeps nothing between calls: the panels are an input, so
+    stale panels give the old weight's product, new ones the new (the packed weights lay them out anew
+    with each copy), panels of another weight's shape are refused, and none at all is MKL's product."""
     if not loader.usable(torch.empty(1, 16, 2, 32)):
         pytest.skip("no C++ compiler built kvlab.kernels' operators")
     generator = torch.Generator().manual_seed(0)
     buffer = torch.randn(3 * 1100 * 40, generator=generator)
     weight = buffer[1100 * 40:2 * 1100 * 40].view(1100, 40)  # a view inside a larger buffer, as packed weights
-    pack_id = torch.tensor(10 ** 9)  # far from the ids PackedWeights hands out in this process
+    panels = ops.linear_panels(weight)
+    assert panels.numel() == ops.panel_size(1100, 40, ops.panel_width())
     for rows in (1, 2, 3, 4, 8, 13, 37, 300):
         x = torch.randn(rows, 1, 40, generator=generator)
-        got = ops.linear(x, weight, pack_id)
+        got = ops.linear(x, weight, panels)
         assert got.shape == (rows, 1, 1100)
-        if rows < 4:
+        if rows < 4 or not ops.panel_width():
             assert torch.equal(got, torch.nn.functional.linear(x, weight))
         else:
             assert torch.allclose(got, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    x = torch.randn(8, 40, generator=generator)
+    before = torch.nn.functional.linear(x, weight)
     with torch.no_grad():
         weight.mul_(-2.0)
-    pack_id.fill_(10 ** 9 + 1)
-    x = torch.randn(8, 40, generator=generator)
-    assert torch.allclose(ops.linear(x, weight, pack_id), torch.nn.functional.linear(x, weight),
-                          rtol=1e-5, atol=1e-5)
-
+    after = torch.nn.functional.linear(x, weight)
+    if ops.panel_width():
+        assert torch.allclose(ops.linear(x, weight, panels), before, rtol=1e-5, atol=1e-5)  # the panels it was given
+        with pytest.raises(RuntimeError, match="not kvlab::linear_panels' layout"):
+            ops.linear(x, weight, panels[:-1])
+    assert torch.allclose(ops.linear(x, weight, ops.linear_panels(weight)), after, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ops.linear(x, weight, torch.empty(0)), x @ weight.t())

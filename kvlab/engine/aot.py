@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from kvlab.kernels import torch_internals
 from kvlab.kernels.loader import cache_root
 
 _LOADED: dict[str, object] = {}
@@ -86,12 +87,12 @@ def program(parts: tuple, modules: tuple, export: Callable[[], torch.export.Expo
         handle, tmp = tempfile.mkstemp(suffix=".pt2", dir=path.parent)
         os.close(handle)
         try:
-            torch._inductor.aoti_compile_and_package(export(), package_path=tmp, inductor_configs=NO_HEADERS)
+            torch_internals.aoti_compile_and_package(export(), tmp, NO_HEADERS)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    loader = torch._inductor.aoti_load_package(str(path)).loader
+    loader = torch_internals.aoti_load_package(str(path))
     _LOADED[key] = loader
     return Program(loader.run, time.perf_counter() - began, from_cache, path)
 
@@ -112,7 +113,7 @@ def function(parts: tuple, modules: tuple, compile: Callable[[], object]) -> Pro
         try:
             # loaded under the options it was compiled with: inductor finds its C++ built by them (under
             # others it would build it again)
-            with open(path, "rb") as file, torch._inductor.config.patch(NO_HEADERS):
+            with open(path, "rb") as file, torch_internals.inductor_options(NO_HEADERS):
                 compiled = torch.compiler.load_compiled_function(file)
         except Exception as error:  # cut short, or saved by another torch: compiled again
             warnings.warn(f"{path}: cannot be loaded ({type(error).__name__}: {error}); compiling it again",

@@ -51,6 +51,7 @@ from kvlab.engine.model import CausalLMOutput, MiniMindForCausalLM, StaticCache,
 from kvlab.engine import step as step_module
 from kvlab.engine.step import (PADDED_KEY_SCORE, GreedyStep, PackedWeights, Shape, StepPlan, pack_layout,  # noqa: F401
                                packed_step_logits, shape_of, step_logits)
+from kvlab.kernels import torch_internals
 from kvlab.kernels.loader import find_cpp_compiler  # the C++ compiler inductor would use on a CPU, or None
 
 # A torch.compile'd step serves every cache length up to its own; lengths are rounded up to this multiple.
@@ -167,7 +168,7 @@ class Decoder:
         self.padding_bias = torch.zeros(self.batch, length, dtype=torch.float32, device=self.device)
         if self.step_fn is not None and self.device.type == "cuda":
             for tensor in self.step_tensors():
-                torch._dynamo.mark_static_address(tensor)
+                torch_internals.mark_static_address(tensor)
 
     def step_inputs(self) -> tuple:
         """What the compiled step reads, in its order: four tensors, then per layer K and V."""

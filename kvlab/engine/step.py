@@ -30,7 +30,6 @@ the model's own functions (kvlab.engine.model). The serving engine's compiled st
 
 from __future__ import annotations
 
-import itertools
 import math
 import weakref
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 
 from kvlab.engine import sampling
 from kvlab.engine.model import MiniMindForCausalLM, apply_rope, rms_norm
-from kvlab.kernels import ops
+from kvlab.kernels import ops, torch_internals
 
 ATTENTIONS = ("repeat_kv", "grouped", "sdpa")
 # MiniMind's rule for a padded key (kvlab.engine.model.Attention): it scores -1e9.
@@ -116,7 +115,17 @@ class LayerWeights(NamedTuple):
     o: torch.Tensor
     gate_up: tuple[torch.Tensor, ...]  # (gate, up) weights, or one (gate|up) weight when fused
     down: torch.Tensor
-    pack_id: torch.Tensor | None = None  # see ModelWeights
+    panels: LayerPanels | None = None  # the products' weights in kvlab::linear's panels, where given
+
+
+class LayerPanels(NamedTuple):
+    """One block's product weights laid out for kvlab.kernels' kvlab::linear (views of the packed
+    weights' panels), each beside its weight in LayerWeights: qkv, o, gate_up, down."""
+
+    qkv: tuple[torch.Tensor, ...]
+    o: torch.Tensor
+    gate_up: tuple[torch.Tensor, ...]
+    down: torch.Tensor
 
 
 class ModelWeights(NamedTuple):
@@ -126,10 +135,9 @@ class ModelWeights(NamedTuple):
     lm_head: torch.Tensor
     cos: torch.Tensor  # (L, D): the RoPE tables of the positions the cache holds
     sin: torch.Tensor
-    # what the packed weights hold, a number no other copy into any packed weights has had in this
-    # process (PackedWeights.pack_id); given, the products go through kvlab.kernels' C++ operator
-    # `kvlab::linear` on its copies of the weights in panels, which it keeps by this number (see `linear`)
-    pack_id: torch.Tensor | None = None
+    # the LM head in kvlab::linear's panels, where the packed weights have panels (PackedWeights): then
+    # every product goes through kvlab.kernels' C++ operator on them (see `linear`)
+    lm_head_panels: torch.Tensor | None = None
 
 
 # --- the packed weights ------------------------------------------------------------------------------
@@ -167,25 +175,46 @@ def pack_layout(shape: Shape, plan: StepPlan) -> list[tuple[str, tuple[int, ...]
     return layout
 
 
-def unpack(packed: torch.Tensor, shape: Shape, plan: StepPlan, pack_id: torch.Tensor | None = None) -> ModelWeights:
+PRODUCTS = ("qkv", "q", "k", "v", "o", "gate_up", "gate", "up", "down")  # a block's pieces that are products' weights
+
+
+def panel_layout(shape: Shape, plan: StepPlan, width: int) -> list[tuple[str, tuple[int, ...], int]]:
+    """Every product's weight the packed weights hold, in their order (the LM head last, named
+    "lm_head" also where it is the embedding), its shape and its size in panels `width` columns wide."""
+    layout = [(name, size) for name, size in pack_layout(shape, plan) if name.partition(".")[2] in PRODUCTS]
+    layout.append(("lm_head", (shape.vocab, shape.hidden)))
+    return [(name, size, ops.panel_size(*size, width)) for name, size in layout]
+
+
+def unpack(packed: torch.Tensor, shape: Shape, plan: StepPlan, panels: torch.Tensor | None = None,
+           width: int = 0) -> ModelWeights:
     """The packed weights as the step reads them: views, no copy (in compiled code, not even a call);
-    `pack_id`, where given, goes with them (ModelWeights.pack_id)."""
+    with their `panels` (PackedWeights.panels, `width` columns a panel), the products' panels beside
+    them (LayerWeights.panels, ModelWeights.lm_head_panels)."""
     views, offset = {}, 0
     for name, size in pack_layout(shape, plan):
         count = math.prod(size)
         views[name] = packed[offset : offset + count].view(size)
         offset += count
+    laid, offset = {}, 0
+    for name, _, count in panel_layout(shape, plan, width) if panels is not None else ():
+        laid[name] = panels[offset : offset + count]
+        offset += count
 
-    def pieces(index: int, *names: str) -> tuple[torch.Tensor, ...]:
-        return tuple(views[f"{index}.{name}"] for name in names if f"{index}.{name}" in views)
+    def pieces(source: dict, index: int, *names: str) -> tuple[torch.Tensor, ...]:
+        return tuple(source[f"{index}.{name}"] for name in names if f"{index}.{name}" in source)
+
+    def layer_panels(i: int) -> LayerPanels | None:
+        return LayerPanels(pieces(laid, i, "qkv", "q", "k", "v"), laid[f"{i}.o"], pieces(laid, i, "gate_up", "gate", "up"),
+                           laid[f"{i}.down"]) if laid else None
 
     layers = tuple(
-        LayerWeights(views[f"{i}.input_norm"], views[f"{i}.post_norm"], pieces(i, "qkv", "q", "k", "v"),
-                     pieces(i, "qk_norm", "q_norm", "k_norm"), views[f"{i}.o"], pieces(i, "gate_up", "gate", "up"),
-                     views[f"{i}.down"], pack_id)
+        LayerWeights(views[f"{i}.input_norm"], views[f"{i}.post_norm"], pieces(views, i, "qkv", "q", "k", "v"),
+                     pieces(views, i, "qk_norm", "q_norm", "k_norm"), views[f"{i}.o"],
+                     pieces(views, i, "gate_up", "gate", "up"), views[f"{i}.down"], layer_panels(i))
         for i in range(shape.layers))
     return ModelWeights(views["embed"], layers, views["final_norm"], views.get("lm_head", views["embed"]),
-                        views["cos"], views["sin"], pack_id)
+                        views["cos"], views["sin"], laid.get("lm_head"))
 
 
 def piece_source(model: MiniMindForCausalLM, name: str, shape: Shape) -> torch.Tensor:
@@ -216,37 +245,48 @@ def piece_source(model: MiniMindForCausalLM, name: str, shape: Shape) -> torch.T
     return torch.cat([ffn.gate_proj.weight, ffn.up_proj.weight])  # gate_up
 
 
-_PACK_IDS = itertools.count(1)  # every copy into any packed weights of this process: its own number
-
-
 class PackedWeights:
     """One flat copy of every weight a step reads (`packed`, laid out by `pack_layout`) and its views
     (`views`, a ModelWeights). It holds its model weakly. `refresh` copies the model's weights in
     again when one has changed since the last copy (a tensor's version counter counts its in-place
-    changes: a training step, load_state_dict); `packs` counts the copies, and `pack_id` (a 0-d int64
-    tensor) takes a number no copy in this process had before at each (ModelWeights.pack_id)."""
+    changes: a training step, load_state_dict); `packs` counts the copies. With a `panel_width` (that
+    of kvlab.kernels' kvlab::linear, ops.panel_width()), each copy also lays the products' weights out
+    in its panels (`panels`, flat, `panel_layout`), which the views carry beside them."""
 
-    def __init__(self, model: MiniMindForCausalLM, shape: Shape, plan: StepPlan):
+    def __init__(self, model: MiniMindForCausalLM, shape: Shape, plan: StepPlan, panel_width: int = 0):
         weight = model.lm_head.weight
         self._model = weakref.ref(model)
         self.shape, self.plan = shape, plan
         self.layout = pack_layout(shape, plan)
         self.packed = torch.zeros(sum(math.prod(size) for _, size in self.layout), dtype=weight.dtype,
                                   device=weight.device)
-        self.pack_id = torch.zeros((), dtype=torch.int64)
-        self.views = unpack(self.packed, shape, plan)
+        self.panel_width = panel_width
+        self.panels = (torch.zeros(sum(count for *_, count in panel_layout(shape, plan, panel_width)),
+                                   dtype=torch.float32, device=weight.device) if panel_width else None)
+        self.views = unpack(self.packed, shape, plan, self.panels, panel_width)
         self.packs = 0
         self._parameters = list(model.parameters())  # listed once: walking the modules costs 2 ms
         self._packed_from = None
 
-    def _version(self) -> list[tuple[int, int]]:
+    def _lay_out_panels(self) -> None:
+        """The packed products' weights copied into their panels (kvlab::linear_panels)."""
+        views, offset = {"lm_head": self.views.lm_head}, 0
+        for name, size in self.layout:
+            views.setdefault(name, self.packed[offset : offset + math.prod(size)].view(size))
+            offset += math.prod(size)
+        offset = 0
+        for name, _, count in panel_layout(self.shape, self.plan, self.panel_width):
+            self.panels[offset : offset + count].copy_(ops.linear_panels(views[name]))
+            offset += count
+
+    def _versions(self) -> list[tuple[int, int]]:
         """Where each of the model's weights lies and how often it was changed in place."""
-        return [(tensor.data_ptr(), tensor._version) for tensor in self._parameters]
+        return [(tensor.data_ptr(), torch_internals.version(tensor)) for tensor in self._parameters]
 
     def refresh(self) -> None:
         """Copy the model's weights into the packed weights, if any changed since the last copy (checked
         at every step: no grad mode entered for the check alone)."""
-        version = self._version()
+        version = self._versions()
         if version == self._packed_from:
             return
         model, offset = self._model(), 0
@@ -255,7 +295,8 @@ class PackedWeights:
                 count = math.prod(size)
                 self.packed[offset : offset + count].view(size).copy_(piece_source(model, name, self.shape))
                 offset += count
-            self.pack_id.fill_(next(_PACK_IDS))
+            if self.panels is not None:
+                self._lay_out_panels()
         self._packed_from = version
         self.packs += 1
 
@@ -273,15 +314,24 @@ def stored(x: torch.Tensor) -> torch.Tensor:
     return x.as_strided(x.size(), x.stride())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan, pack_id: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, plan: StepPlan, panels: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T; with `rowwise_matmul`, as a product and a sum over the last axis, of x stored;
-    with a `pack_id` (ModelWeights.pack_id), by kvlab.kernels' C++ operator kvlab::linear (its own
-    product on a copy of the weight in panels from 4 rows on, MKL's product as F.linear's below)."""
+    with the weight's `panels` (LayerWeights.panels), by kvlab.kernels' C++ operator kvlab::linear (its
+    own product on them from 4 rows on, MKL's product as F.linear's below)."""
     if plan.rowwise_matmul:
         return (stored(x).unsqueeze(-2) * weight).sum(-1)
-    if pack_id is not None:
-        return ops.linear(x, weight, pack_id)
+    if panels is not None:
+        return ops.linear(x, weight, panels)
     return F.linear(x, weight)
+
+
+def panels_of(layer: LayerWeights, name: str, index: int = 0) -> torch.Tensor | None:
+    """The panels of the layer's product weight `name` ("qkv", "o", "gate_up", "down"; `index` within
+    a tuple), or None where the weights have none."""
+    if layer.panels is None:
+        return None
+    found = getattr(layer.panels, name)
+    return found[index] if isinstance(found, tuple) else found
 
 
 def project_qkv(x: torch.Tensor, layer: LayerWeights, shape: Shape, cos, sin, plan: StepPlan):
@@ -290,14 +340,14 @@ def project_qkv(x: torch.Tensor, layer: LayerWeights, shape: Shape, cos, sin, pl
     heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
     if not plan.fused_qkv:
         q_weight, k_weight, v_weight = layer.qkv
-        q = linear(x, q_weight, plan, layer.pack_id).view(batch, 1, heads, head_dim)
-        k = linear(x, k_weight, plan, layer.pack_id).view(batch, 1, kv_heads, head_dim)
-        v = linear(x, v_weight, plan, layer.pack_id).view(batch, 1, kv_heads, head_dim)
+        q = linear(x, q_weight, plan, panels_of(layer, "qkv", 0)).view(batch, 1, heads, head_dim)
+        k = linear(x, k_weight, plan, panels_of(layer, "qkv", 1)).view(batch, 1, kv_heads, head_dim)
+        v = linear(x, v_weight, plan, panels_of(layer, "qkv", 2)).view(batch, 1, kv_heads, head_dim)
         if shape.qk_norm:
             q, k = rms_norm(q, layer.qk_norm[0], shape.eps), rms_norm(k, layer.qk_norm[1], shape.eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
     # one product; its heads are q's H, then k's KV, then v's KV
-    heads_out = linear(x, layer.qkv[0], plan, layer.pack_id).view(batch, 1, heads + 2 * kv_heads, head_dim)
+    heads_out = linear(x, layer.qkv[0], plan, panels_of(layer, "qkv")).view(batch, 1, heads + 2 * kv_heads, head_dim)
     qk, v = heads_out.split([heads + kv_heads, kv_heads], dim=2)
     if shape.qk_norm:
         qk = rms_norm(qk, layer.qk_norm[0], shape.eps)  # weight (H + KV, D): q's rows, then k's
@@ -334,10 +384,12 @@ def attend(q, keys_t, values, key_bias, shape: Shape, plan: StepPlan) -> torch.T
 def mlp(x: torch.Tensor, layer: LayerWeights, shape: Shape, plan: StepPlan) -> torch.Tensor:
     """SwiGLU: down(silu(gate(x)) * up(x))."""
     if plan.fused_gate_up:
-        gate, up = linear(x, layer.gate_up[0], plan, layer.pack_id).split([shape.intermediate, shape.intermediate], dim=-1)
+        gate, up = linear(x, layer.gate_up[0], plan, panels_of(layer, "gate_up")).split([shape.intermediate,
+                                                                                       shape.intermediate], dim=-1)
     else:
-        gate, up = linear(x, layer.gate_up[0], plan, layer.pack_id), linear(x, layer.gate_up[1], plan, layer.pack_id)
-    return linear(F.silu(gate) * up, layer.down, plan, layer.pack_id)
+        gate = linear(x, layer.gate_up[0], plan, panels_of(layer, "gate_up", 0))
+        up = linear(x, layer.gate_up[1], plan, panels_of(layer, "gate_up", 1))
+    return linear(F.silu(gate) * up, layer.down, plan, panels_of(layer, "down"))
 
 
 def step_logits(token_ids: torch.Tensor, position: torch.Tensor, padding_bias: torch.Tensor, weights: ModelWeights,

@@ -5,9 +5,11 @@
                      computes and how at its head), ops.h and ops.cpp (the one registration, TORCH_LIBRARY)
   loader.py          the C++ compiler found, the library built once per machine, kept, loaded, its
                      operators' shapes registered for the compiler; `library()`, `usable(pool_keys)`
-  ops.py             typed wrappers: paged_attention, linear, greedy_pick (torch.ops.kvlab.*), and the
-                     shapes the compiler traces
+  ops.py             typed wrappers: paged_attention, linear, linear_panels, panel_width, greedy_pick
+                     (torch.ops.kvlab.*), and the shapes the compiler traces
 
 kvlab.serving.compiled_step calls the three operators from its compiled graph; kvlab.engine.step calls
-`linear` where it is handed a pack_id (the serving step's products). It imports nothing of kvlab.
+`linear` where the packed weights carry its panels (the serving step's products) and lays them out
+(`linear_panels`, once per copy of the weights). The operators keep no state: each result is a function
+of its inputs. It imports nothing of kvlab.
 """

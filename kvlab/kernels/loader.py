@@ -2,7 +2,7 @@
 .linear, .greedy_pick; kvlab.kernels.ops calls them), from the files of csrc/.
 
 It is built once per machine with the C++ compiler inductor uses (`find_cpp_compiler`), against this
-torch's headers (`-O3 -march=native`, some 9 s): every csrc/*.cpp in one translation unit (each file
+torch's headers (`-O3 -march=native`, or $KVLAB_KERNELS_MARCH's CPU; some 9 s): every csrc/*.cpp in one translation unit (each file
 includes what it uses; one unit parses torch's headers once, where a unit a file took three times as
 long), warnings on (`-Wall`; torch's own headers as system headers, whose warnings are torch's). It is
 kept in kvlab's cache (`cache_root()`, kernels/) under a name holding the hash of csrc's files, the flags, torch, the
@@ -25,23 +25,27 @@ from pathlib import Path
 
 import torch
 
-from kvlab.kernels import ops
+from kvlab.kernels import ops, torch_internals
 
 CACHE_ENV = "KVLAB_CACHE_DIR"
+# the CPU the library is built for: this one (`native`), unless the environment names another (`x86-64`: the
+# portable path, no AVX, which the tests build in a process of their own)
+MARCH_ENV = "KVLAB_KERNELS_MARCH"
 CSRC = Path(__file__).with_name("csrc")  # the C++: one file an operator, vec.h, and ops.cpp registering them
 # -Wno-psabi: the eight-lane vectors (csrc/vec.h) never cross the library's boundary, so the compiler's notes on
 # how a CPU without AVX would pass them to another library are about no call here
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-Wall",
+FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-Wall",
          "-Wno-psabi"]
+
+
+def flags() -> list[str]:
+    """The compiler's flags: FLAGS and the CPU to build for ($KVLAB_KERNELS_MARCH, else native)."""
+    return [*FLAGS, f"-march={os.environ.get(MARCH_ENV) or 'native'}"]
 
 
 def find_cpp_compiler() -> str | None:
     """The C++ compiler inductor would use on a CPU (its own search: $CXX, g++, ...), or None."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-        return get_cpp_compiler()
-    except Exception:  # inductor raises its own InvalidCxxCompiler, or an older torch lacks the helper
-        return None
+    return torch_internals.cpp_compiler()
 
 
 def sources() -> list[Path]:
@@ -57,7 +61,7 @@ def torch_flags() -> list[str]:
     return ([flag for path in include_paths() for flag in ("-isystem", path)]
             + [f"-L{path}" for path in library_paths()]
             + [f"-Wl,-rpath,{path}" for path in library_paths()] + ["-lc10", "-ltorch_cpu",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"])
+            f"-D_GLIBCXX_USE_CXX11_ABI={torch_internals.cxx11_abi()}"])
 
 
 _LOCK = threading.Lock()
@@ -83,7 +87,7 @@ def library_path(compiler: str) -> Path:
     """Where the built library lives: kvlab's cache, named by csrc's files, the flags, torch, the
     compiler and the CPU."""
     files = [f"{path.name}\n{path.read_text(encoding='utf-8')}" for path in sources()]
-    key = "\n".join([*files, *FLAGS, *torch_flags(), torch.__version__, compiler, os.uname().machine, cpu_flags()])
+    key = "\n".join([*files, *flags(), *torch_flags(), torch.__version__, compiler, os.uname().machine, cpu_flags()])
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"kvlab_{key}.so"
 
@@ -99,7 +103,7 @@ def build(compiler: str) -> Path:
         unit, built = Path(work) / "kvlab.cpp", Path(work) / path.name
         unit.write_text("".join(f'#include "{source.name}"\n' for source in sources() if source.suffix == ".cpp"),
                         encoding="utf-8")
-        subprocess.run([compiler, *FLAGS, "-iquote", str(CSRC), str(unit), "-o", str(built), *torch_flags()],
+        subprocess.run([compiler, *flags(), "-iquote", str(CSRC), str(unit), "-o", str(built), *torch_flags()],
                        check=True, capture_output=True, text=True)
         os.replace(built, path)
     return path

@@ -21,11 +21,27 @@ def paged_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p
     return torch.ops.kvlab.paged_attention(q, keys, values, positions, pair_rows, pair_blocks)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, pack_id: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T, as F.linear, for products with packed weights whose contents `pack_id` names
-    (kvlab.engine.step.PackedWeights.pack_id): from 4 rows on on its copy of the weight in panels, kept
-    by that number; below, MKL's product."""
-    return torch.ops.kvlab.linear(x, weight, pack_id)
+def linear(x: torch.Tensor, weight: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T, as F.linear: from 4 rows on on `panels`, the weight as `linear_panels` lays it out
+    (empty: MKL's product at every size); below, MKL's product. A pure function of its inputs."""
+    return torch.ops.kvlab.linear(x, weight, panels)
+
+
+def linear_panels(weight: torch.Tensor) -> torch.Tensor:
+    """The weight (N, K) laid out for `linear`: panels of `panel_width()` columns, flat float32 of
+    ceil(N / width) * K * width values; empty where the library has no panels."""
+    return torch.ops.kvlab.linear_panels(weight)
+
+
+def panel_width() -> int:
+    """The columns of one of `linear`'s panels (32 with AVX-512, 16 with AVX2), 0 where the library was
+    built for a CPU without FMA vectors (then `linear` is MKL's product at every size)."""
+    return torch.ops.kvlab.panel_width()
+
+
+def panel_size(rows: int, inner: int, width: int) -> int:
+    """The values `linear_panels` gives a weight (rows, inner) with panels `width` columns wide."""
+    return -(-rows // width) * inner * width if width else 0
 
 
 def greedy_pick(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
@@ -42,7 +58,7 @@ def paged_attention_shape(q, keys, values, positions, pair_rows, pair_blocks):
     return q.new_empty(q.shape[0], 1, q.shape[2] * q.shape[3])
 
 
-def linear_shape(x, weight, pack_id):
+def linear_shape(x, weight, panels):
     """kvlab::linear's result: x's shape, its last size the weight's rows."""
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 

@@ -5,7 +5,7 @@ over the block pool.
 A step's rows differ in everything a compiled graph would specialise on: how many there are, how long
 each row's context is, which blocks hold it. vLLM captures one CUDA graph per batch size and pads the
 rows up to it, because a graph replays fixed shapes. `torch.compile` on a CPU has no such limit: the
-step here is compiled once with its sizes symbolic (`torch._dynamo.mark_dynamic`: the rows, the
+step here is compiled once with its sizes symbolic (dynamo's `mark_dynamic`: the rows, the
 (row, block) pairs of the attention, the rows that want logits, the pool's blocks), so one compiled
 step serves every step of every run on the same architecture, with no padding to a bucket and no
 recompilation after the first (docs/serving.md: measured against one graph per batch size). Sizes 0
@@ -20,7 +20,8 @@ into its slot of the pool, attention over the blocks its table holds (on a CPU i
 elsewhere kvlab.serving.paged_attention.block_attention, the same in torch: either way the work follows
 the (row, block) pairs, so a row reads its own blocks and no padding), the MLP, and the LM head over the
 rows that draw. Each product with the weights is one for all the step's rows: with the C++ operators,
-`kvlab::linear` (a product of its own on a copy of the weight in panels from 4 rows on, MKL's below);
+`kvlab::linear` (a product of its own on the weight laid out in panels, PackedWeights.panels, from 4
+rows on; MKL's below);
 elsewhere the BLAS library's. Each drawing row's greedy pick, argmax(logits / temperature), is made in
 the step too, as the fast path's step makes it (on a CPU `kvlab::greedy_pick`, kvlab.kernels);
 every other choice stays eager (kvlab.engine.sampling).
@@ -62,7 +63,7 @@ import torch.nn.functional as F
 from kvlab.engine import aot, sampling, step
 from kvlab.engine import model as model_module
 from kvlab.engine.model import MiniMindForCausalLM, rms_norm
-from kvlab.kernels import loader, ops
+from kvlab.kernels import loader, ops, torch_internals
 from kvlab.serving.block_pool import BlockPool
 from kvlab.serving.paged_attention import block_attention
 
@@ -186,25 +187,26 @@ def step_logits(rows: StepRows, weights: step.ModelWeights, pool_keys: list[torc
         else:
             attended = block_attention(q, pool_keys[index], pool_values[index], rows.positions, rows.pair_rows,
                                        rows.pair_blocks, rows.pair_starts)
-        hidden = step.linear(attended, layer.o, PLAN, layer.pack_id) + hidden
+        hidden = step.linear(attended, layer.o, PLAN, step.panels_of(layer, "o")) + hidden
         hidden = hidden + step.mlp(rms_norm(hidden, layer.post_norm, shape.eps), layer, shape, PLAN)
     last = rms_norm(hidden[rows.logit_rows, 0], weights.final_norm, shape.eps)  # (R, C)
-    return step.linear(last, weights.lm_head, PLAN, weights.pack_id)
+    return step.linear(last, weights.lm_head, PLAN, weights.lm_head_panels)
 
 
-def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pack_id, pool_keys, pool_values,
-                       shape: step.Shape, native: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, panels, pool_keys, pool_values,
+                       shape: step.Shape, native: bool, panel_width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty); with
-    the C++ operators (`native`), the products on kvlab::linear's copies of them, kept by `pack_id`.
+    the C++ operators (`native`), the products by kvlab::linear on the weights' `panels` (None without
+    them; `panel_width` columns a panel: PackedWeights.panels).
     Returns the logits and each logit row's greedy pick (kvlab.engine.sampling.greedy_picks at its
     temperature; with the C++ operators, kvlab::greedy_pick), made while the logits are in the cache.
     The pool's tensors are one size, said once (a symbolic size each would be one more to hand over
     every call), as are the logit rows and their temperatures."""
     for tensor in (*pool_keys, *pool_values):
-        torch._check(tensor.shape[0] == pool_keys[0].shape[0])
-    torch._check(temperatures.shape[0] == logit_rows.shape[0])
+        torch_internals.check(tensor.shape[0] == pool_keys[0].shape[0])
+    torch_internals.check(temperatures.shape[0] == logit_rows.shape[0])
     rows = StepRows(per_row, per_pair, logit_rows, temperatures)
-    weights = step.unpack(packed, shape, PLAN, pack_id if native else None)
+    weights = step.unpack(packed, shape, PLAN, panels, panel_width)
     logits = step_logits(rows, weights, pool_keys, pool_values, shape, native)
     return logits, step_picks(logits, temperatures, native)
 
@@ -223,29 +225,25 @@ def compile_ahead(rows: StepRows, inputs: tuple):
     of the step that compiles, so that a loaded step's guards see unmarked tensors as they were saved)."""
     pool_keys, pool_values = inputs[6], inputs[7]
     for tensor, dim in (*rows.symbolic(), *((tensor, 0) for tensor in (*pool_keys, *pool_values))):
-        torch._dynamo.mark_dynamic(tensor, dim)
+        torch_internals.mark_dynamic(tensor, dim)
     compiled = torch.compile(packed_step_logits, fullgraph=True, options={"cpp_wrapper": True, **aot.NO_HEADERS})
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), torch.inference_mode():
+    with torch_internals.no_automatic_dynamic(), torch.inference_mode():
         return compiled.aot_compile((inputs, {}))
-
-
-def compiled_graphs() -> int:
-    """Graphs dynamo has compiled in this process (its own counter)."""
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 _PACKED: "weakref.WeakKeyDictionary[MiniMindForCausalLM, dict]" = weakref.WeakKeyDictionary()
 
 
-def packed_weights_of(model: MiniMindForCausalLM, shape: step.Shape) -> step.PackedWeights:
-    """The model's packed weights for the serving step, made once per model and shape and shared by its
-    engines (as kvlab.engine.fast keeps its Decoders per model): a new engine on the same model copies
-    nothing again, nor does kvlab::linear lay the same weights out in panels again (3.5 ms of a
-    64-request round, measured); `refresh` still copies them in anew when one has changed."""
+def packed_weights_of(model: MiniMindForCausalLM, shape: step.Shape, panel_width: int) -> step.PackedWeights:
+    """The model's packed weights for the serving step (with kvlab::linear's panels `panel_width` wide, or
+    none at 0), made once per model, shape and width and shared by its engines (as kvlab.engine.fast
+    keeps its Decoders per model): a new engine on the same model copies nothing again, nor lays the
+    same weights out in panels again (3.5 ms of a 64-request round, measured); `refresh` still copies
+    them in anew when one has changed."""
     found = _PACKED.setdefault(model, {})
-    if shape not in found:
-        found[shape] = step.PackedWeights(model, shape, PLAN)
-    return found[shape]
+    if (shape, panel_width) not in found:
+        found[shape, panel_width] = step.PackedWeights(model, shape, PLAN, panel_width)
+    return found[shape, panel_width]
 
 
 class CompiledStep:
@@ -257,15 +255,16 @@ class CompiledStep:
     def __init__(self, model: MiniMindForCausalLM, pool: BlockPool, compile: bool = True):
         self.pool = pool
         self.shape = step.shape_of(model, model.config.max_position_embeddings)
-        self.weights = packed_weights_of(model, self.shape)
         self.device = model.lm_head.weight.device
         self.compiled = compile and self._compiler_found()
         self.native = self.compiled and loader.usable(pool.keys[0])  # the C++ operators
+        self.panel_width = ops.panel_width() if self.native else 0
+        self.weights = packed_weights_of(model, self.shape, self.panel_width)
         self.compile_s = 0.0
         self.compiles = 0
         self.calls = 0
         pool_keys = pool.keys[0]  # what dynamo's guards check of the inputs, but the sizes it takes symbolically
-        self.key = (self.shape, self.native, tuple(self.weights.packed.shape), self.weights.packed.dtype,
+        self.key = (self.shape, self.native, self.panel_width, tuple(self.weights.packed.shape), self.weights.packed.dtype,
                     len(pool.keys), tuple(pool_keys.shape[1:]), pool_keys.dtype, str(self.device))
         self.program: aot.Program | None = None  # the compiled step for this key
 
@@ -290,12 +289,16 @@ class CompiledStep:
         if not self.compiled:
             logits = step_logits(rows, self.weights.views, self.pool.keys, self.pool.values, self.shape, self.native)
             return logits[:wanted], self.exact(step_picks(logits, rows.temperatures, self.native)[:wanted])
-        inputs = (*rows.tensors(), self.weights.packed, self.weights.pack_id, self.pool.keys, self.pool.values,
-                  self.shape, self.native)
+        inputs = self.inputs(rows)
         if self.program is None:
             self.program = self.ready(rows, inputs)
         logits, picks = self.program.run(*inputs)
         return logits[:wanted], self.exact(picks[:wanted])
+
+    def inputs(self, rows: StepRows) -> tuple:
+        """`packed_step_logits`'s arguments for these rows: the compiled step's inputs."""
+        return (*rows.tensors(), self.weights.packed, self.weights.panels, self.pool.keys, self.pool.values,
+                self.shape, self.native, self.panel_width)
 
     def ready(self, rows: StepRows, inputs: tuple) -> aot.Program:
         """The compiled step for this key: loaded, or compiled on `inputs` (the first step's) and kept."""
@@ -304,10 +307,10 @@ class CompiledStep:
         # CPU its C++ was built for, the kernels' library it calls
         parts = ("serving step", repr(self.key), torch.get_num_threads(), os.uname().machine,
                  loader.cpu_flags(), library)
-        modules = (sys.modules[__name__], sampling, step, model_module, loader, ops)
-        graphs = compiled_graphs()
+        modules = (sys.modules[__name__], sampling, step, model_module, loader, ops, torch_internals)
+        graphs = torch_internals.compiled_graphs()
         program = aot.function(parts, modules, lambda: compile_ahead(rows, inputs))
-        self.compiles += compiled_graphs() - graphs
+        self.compiles += torch_internals.compiled_graphs() - graphs
         self.compile_s += program.compile_s
         return program
 

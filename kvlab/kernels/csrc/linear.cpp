@@ -3,11 +3,10 @@
    columns (16 with AVX2), each panel's 32 weights of one inner index side by side, and 8 rows of x at a
    time against a panel, 8 x 32 sums in vector registers, each output one chain of fused multiply-adds
    over the inner index in order; panel by panel, so each weight is read once a call whatever the rows.
-   The copy is made at a weight's first use and kept by the packed weights' `pack_id`
-   (kvlab.engine.step.PackedWeights: a number no other copy into packed weights had in this process, so
-   changed weights are copied again; the copies of the last four pack_ids are kept). Below 4 rows, and
-   where the CPU has neither AVX-512 nor AVX2 with FMA, MKL's product (at::matmul), as `generate` alone
-   computes it.
+   The copy is the caller's, an input like the weight (kvlab::linear_panels lays it out; the packed
+   weights make it once per weight version, kvlab.engine.step.PackedWeights): the operator keeps
+   nothing between calls. Below 4 rows, and where the CPU has neither AVX-512 nor AVX2 with FMA (no
+   panels then: kvlab::panel_width is 0), MKL's product (at::matmul), as `generate` alone computes it.
 
    Why its own: the step's products are small (the lab's model: 128 inner, 128 to 1,884 outer, 4 to
    512 rows), and what a library call costs around them counts. Measured alone on this project's
@@ -22,8 +21,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <algorithm>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,11 +30,7 @@
 
 #include "ops.h"
 
-/* The operator torch.ops.kvlab.linear: x @ weight.T, as F.linear, for the compiled step's products
-   with the packed weights (views of one buffer, whose contents `pack_id` names: a number no other copy
-   into packed weights had in this process). From 4 rows on, the product below on a copy of the weight
-   in panels (made once per weight and pack_id, kept here); below 4 rows, and on a CPU without FMA
-   vectors, MKL's product (at::matmul), as `generate` alone computes it. */
+/* From 4 rows on, the product below on the weight's panels; below, MKL's (at::matmul). */
 static const int64_t MIN_ROWS = 4;
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -103,60 +96,40 @@ static void panel_product(const float* x, int64_t M, int64_t K, const float* pan
   });
 }
 
-static at::Tensor to_panels(const at::Tensor& weight) {
+#else
+#define KVLAB_PANELS 0
+static const int64_t NR = 0;
+#endif
+
+int64_t kvlab::panel_width() { return NR; }
+
+at::Tensor kvlab::linear_panels(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "kvlab::linear_panels: a weight (N, K), not ", weight.dim(), " dimensions");
+#if !KVLAB_PANELS
+  return at::empty({0}, weight.options().dtype(at::kFloat));
+#else
   const int64_t N = weight.size(0), K = weight.size(1);
-  at::Tensor panels = at::zeros({(N + NR - 1) / NR * K * NR}, weight.options());
-  const at::Tensor rows = weight.contiguous();
+  at::Tensor panels = at::zeros({(N + NR - 1) / NR * K * NR}, weight.options().dtype(at::kFloat));
+  const at::Tensor rows = weight.to(at::kFloat).contiguous();
   const float* from = rows.data_ptr<float>();
   float* to = panels.data_ptr<float>();
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) to[(n / NR) * K * NR + k * NR + n % NR] = from[n * K + k];
   return panels;
+#endif
 }
 
-struct Panels {
-  int64_t rows, cols;
-  at::Tensor panels;
-};
-
-static const size_t KEPT_PACKS = 4;  /* the packed weights whose copies are kept: the last used */
-#else
-#define KVLAB_PANELS 0
-#endif
-
-at::Tensor kvlab::linear(const at::Tensor& x, const at::Tensor& weight, [[maybe_unused]] const at::Tensor& pack_id) {
+at::Tensor kvlab::linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& panels) {
   const int64_t K = weight.size(1), M = K ? x.numel() / K : 0;
   if (!KVLAB_PANELS || M < MIN_ROWS || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat ||
-      !x.is_cpu())
+      !x.is_cpu() || panels.numel() == 0)
     return at::matmul(x, weight.t());
 #if KVLAB_PANELS
   const int64_t N = weight.size(0);
-  static std::mutex lock;
-  /* by pack_id, then by where the weight lies; `recent`: the pack_ids kept, the last used last */
-  static std::unordered_map<int64_t, std::unordered_map<const void*, Panels>> kept;
-  static std::vector<int64_t> recent;
-  const int64_t id = *pack_id.data_ptr<int64_t>();
-  at::Tensor panels;
-  {
-    std::lock_guard<std::mutex> guard(lock);
-    if (recent.empty() || recent.back() != id) {
-      auto at_ = std::find(recent.begin(), recent.end(), id);
-      if (at_ != recent.end()) {
-        recent.erase(at_);
-      } else if (recent.size() == KEPT_PACKS) {  /* the least recently used packed weights' copies go */
-        kept.erase(recent.front());
-        recent.erase(recent.begin());
-      }
-      recent.push_back(id);
-    }
-    Panels& slot = kept[id][weight.data_ptr()];
-    if (!slot.panels.defined() || slot.rows != N || slot.cols != K) {
-      slot.panels = to_panels(weight);
-      slot.rows = N;
-      slot.cols = K;
-    }
-    panels = slot.panels;
-  }
+  TORCH_CHECK(panels.numel() == (N + NR - 1) / NR * K * NR && panels.is_contiguous() &&
+                  panels.scalar_type() == at::kFloat,
+              "kvlab::linear: panels of ", panels.numel(), " floats for a weight (", N, ", ", K,
+              "): not kvlab::linear_panels' layout of it");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
   const at::Tensor rows = x.contiguous();

@@ -8,12 +8,15 @@
 TORCH_LIBRARY(kvlab, m) {
   m.def("paged_attention(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor pair_rows, "
         "Tensor pair_blocks) -> Tensor");
-  m.def("linear(Tensor x, Tensor weight, Tensor pack_id) -> Tensor");
+  m.def("linear(Tensor x, Tensor weight, Tensor panels) -> Tensor");
+  m.def("linear_panels(Tensor weight) -> Tensor");
+  m.def("panel_width() -> int", &kvlab::panel_width);  /* no tensor to dispatch on: one kernel for all */
   m.def("greedy_pick(Tensor logits, Tensor temperatures) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvlab, CPU, m) {
   m.impl("paged_attention", &kvlab::paged_attention);
   m.impl("linear", &kvlab::linear);
+  m.impl("linear_panels", &kvlab::linear_panels);
   m.impl("greedy_pick", &kvlab::greedy_pick);
 }

@@ -1,0 +1,99 @@
+"""The private torch entry points kvlab relies on: the one module that touches `torch._*`, each use
+wrapped here with the reason no public one serves (torch 2.13). A torch upgrade that moves one breaks
+here alone, and tests/test_kernels.py holds that no other kvlab module names `torch._`.
+
+Compiling (kvlab.engine.aot, kvlab.engine.fast, kvlab.serving.compiled_step):
+- `aoti_compile_and_package`, `aoti_load_package`: AOTInductor's documented entry points, which torch
+  still keeps under torch._inductor;
+- `inductor_options`: inductor's config patched for one compile or load (its precompiled headers off:
+  aot.NO_HEADERS), which torch.compile's `options=` covers for compiling but not for loading;
+- `mark_dynamic`, `mark_static_address`: dynamo's marks of a size taken symbolically and of a tensor
+  whose storage never moves (torch.compile's `dynamic=True` would make every size symbolic);
+- `check`: a fact for the compiler about symbolic sizes (two pools' blocks equal), torch._check;
+- `no_automatic_dynamic`: dynamo's config for one compile (sizes not marked stay fixed);
+- `compiled_graphs`, `reset_compiler`: dynamo's own count of the graphs it compiled (what the tests
+  and the engine's `compiles` report) and its reset; `inductor_cache_dir`: where inductor keeps its
+  C++ (the tests look for what it built).
+Building the C++ operators (kvlab.kernels.loader):
+- `cpp_compiler`: the C++ compiler inductor would use, found as inductor finds it;
+- `cxx11_abi`: the C++ ABI this torch was built with, which an extension must match.
+Watching weights (kvlab.engine.step.PackedWeights):
+- `version`: a tensor's version counter (its in-place changes), as autograd counts them.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+
+
+def aoti_compile_and_package(exported: torch.export.ExportedProgram, path: str, options: dict) -> None:
+    """AOTInductor: compile an exported program into a package at `path`."""
+    torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=options)
+
+
+def aoti_load_package(path: str):
+    """AOTInductor: a compiled package's loader (its `run(inputs)` calls the library)."""
+    return torch._inductor.aoti_load_package(path).loader
+
+
+def inductor_options(options: dict) -> AbstractContextManager:
+    """Inductor's config patched with `options` while the context lasts."""
+    return torch._inductor.config.patch(options)
+
+
+def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Dynamo takes `tensor`'s size `dim` symbolically when it compiles a function of it."""
+    torch._dynamo.mark_dynamic(tensor, dim)
+
+
+def mark_static_address(tensor: torch.Tensor) -> None:
+    """Dynamo may rely on `tensor`'s storage staying where it is (a cache written in place)."""
+    torch._dynamo.mark_static_address(tensor)
+
+
+def check(condition) -> None:
+    """A fact the compiler may assume about symbolic sizes (torch._check)."""
+    torch._check(condition)
+
+
+def no_automatic_dynamic() -> AbstractContextManager:
+    """While it lasts, dynamo keeps every size it was not told is dynamic fixed."""
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process (its own counter)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def reset_compiler() -> None:
+    """Dynamo forgets every compiled graph of this process (tests that count graphs start here)."""
+    torch._dynamo.reset()
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps what it compiled (TORCHINDUCTOR_CACHE_DIR, else the temporary directory's
+    torchinductor_<user>)."""
+    from torch._inductor.runtime.runtime_utils import cache_dir
+    return cache_dir()
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would use on a CPU (its own search: $CXX, g++, ...), or None."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        return get_cpp_compiler()
+    except Exception:  # inductor raises its own InvalidCxxCompiler, or an older torch lacks the helper
+        return None
+
+
+def cxx11_abi() -> int:
+    """1 where this torch was built with the C++11 ABI of libstdc++ (an extension must match it)."""
+    return int(torch._C._GLIBCXX_USE_CXX11_ABI)
+
+
+def version(tensor: torch.Tensor) -> int:
+    """How often `tensor` was changed in place (its version counter)."""
+    return tensor._version
