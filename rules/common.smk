@@ -12,6 +12,7 @@ from snakemake.utils import validate
 from kvlab import resources
 from kvlab.cluster import print_failure_hints
 from kvlab.grade.check import failed_check
+from kvlab.facts import serving as serving_settings
 from kvlab.present.i18n import category_name
 import kvlab.config as lab_config
 from kvlab.facts.results import (

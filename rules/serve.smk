@@ -1,5 +1,5 @@
 # Beyond the lab sheet: `kvlab serve` (kvlab.server) measured as a client sees it, at rising request
-# rates (kvlab.measure.serve_bench). Only when asked for (`rule all` does not build it: a few minutes):
+# rates (kvlab.measure.serving_bench). Only when asked for (`rule all` does not build it: a few minutes):
 #   snakemake --cores 2 results/figures/serve_bench.png
 # Knobs: config["extras"]["serve_bench"].
 

@@ -52,19 +52,10 @@ rule kv_waste:
         "../scripts/kv_waste.py"
 
 
-# Continuous batching against static on one seeded trace (kvlab.measure.serve_trace). Each rule is
+# Continuous batching against static on one seeded trace (kvlab.measure.serving_trace). Each rule is
 # given the knobs it reads, so changing the rate sweep's reruns only serve_rates.
+# (kvlab.facts.serving: RATE_SWEEP, TRACE_ONLY; ServingSettings, the settings typed, in the jobs)
 SERVING = EXTRAS["serving"]
-RATE_SWEEP_KEYS = ("rate_fractions", "rate_max_seconds")
-TRACE_ONLY_KEYS = (
-    "rate",
-    "tight_blocks",
-    "prefix_requests",
-    "question_tokens",
-    "parallel_requests",
-    "parallel_n",
-    "repeats",
-)
 
 
 # The steps both serving jobs run, compiled once a build and kept on disk (kvlab.engine.aot): the two
@@ -84,9 +75,7 @@ rule compile_steps:
         **model_job("pretrain"),
     params:
         **timed_params(),
-        serving={
-            key: value for key, value in SERVING.items() if key not in RATE_SWEEP_KEYS
-        },
+        serving=serving_settings.without(SERVING, serving_settings.RATE_SWEEP),
     script:
         "../scripts/compile_steps.py"
 
@@ -110,9 +99,7 @@ rule serve_trace:
         **model_job("pretrain", timed=True),
     params:
         **timed_params(),
-        serving={
-            key: value for key, value in SERVING.items() if key not in RATE_SWEEP_KEYS
-        },
+        serving=serving_settings.without(SERVING, serving_settings.RATE_SWEEP),
     script:
         "../scripts/serve_trace.py"
 
@@ -132,8 +119,6 @@ rule serve_rates:
         **model_job("pretrain", timed=True),
     params:
         **timed_params(),
-        serving={
-            key: value for key, value in SERVING.items() if key not in TRACE_ONLY_KEYS
-        },
+        serving=serving_settings.without(SERVING, serving_settings.TRACE_ONLY),
     script:
         "../scripts/serve_rates.py"

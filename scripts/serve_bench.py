@@ -2,7 +2,7 @@
 from kvlab.engine.data import read_texts
 from kvlab.io import write_csv_atomic, write_json_atomic
 from kvlab.measure.prompt import document_prompts
-from kvlab.measure.serve_bench import BenchPlan, Workload, serve_bench
+from kvlab.measure.serving_bench import BenchPlan, Workload, serve_bench
 from kvlab.workflow import load_tokenizer_input, run
 
 

@@ -24,7 +24,7 @@ def model():
 
 
 def test_greedy_and_seeded_samples_are_identical_with_both_caches(model):
-    greedy = {kv: model.generate(PROMPT, max_new_tokens=40, kv_cache=kv, **steps.GREEDY) for kv in ("cat", "static")}
+    greedy = {kv: model.generate(PROMPT, max_new_tokens=40, kv_cache=kv, **steps.GREEDY_NO_EOS) for kv in ("cat", "static")}
     assert torch.equal(greedy["cat"], greedy["static"])
     sampled = {}
     for kv in ("cat", "static"):
@@ -36,10 +36,10 @@ def test_greedy_and_seeded_samples_are_identical_with_both_caches(model):
 
 def test_padded_rows_and_half_precision_are_identical_too(model):
     ids, mask = left_pad([[1, 5, 6], [1, 7, 8, 9, 10, 11, 12]])
-    both = [model.generate(ids, mask, max_new_tokens=12, kv_cache=kv, **steps.GREEDY) for kv in ("cat", "static")]
+    both = [model.generate(ids, mask, max_new_tokens=12, kv_cache=kv, **steps.GREEDY_NO_EOS) for kv in ("cat", "static")]
     assert torch.equal(*both)
     half = random_model(1).half()
-    both = [half.generate(PROMPT, max_new_tokens=12, kv_cache=kv, **steps.GREEDY) for kv in ("cat", "static")]
+    both = [half.generate(PROMPT, max_new_tokens=12, kv_cache=kv, **steps.GREEDY_NO_EOS) for kv in ("cat", "static")]
     assert torch.equal(*both)
 
 
@@ -65,20 +65,20 @@ def test_the_static_cache_is_written_in_place_and_reserves_its_length(model):
 
 def test_the_lab_keeps_minimind_s_cache_and_an_unknown_kind_is_refused(model):
     with steps.recording_forward(model) as calls:
-        model.generate(PROMPT, max_new_tokens=3, **steps.GREEDY)
+        model.generate(PROMPT, max_new_tokens=3, **steps.GREEDY_NO_EOS)
     assert isinstance(calls.last_output.past_key_values, list)  # per layer (K, V), grown by torch.cat
     with pytest.raises(ValueError, match="kv_cache must be one of cat, static, got 'paged'"):
-        model.generate(PROMPT, max_new_tokens=3, kv_cache="paged", **steps.GREEDY)
+        model.generate(PROMPT, max_new_tokens=3, kv_cache="paged", **steps.GREEDY_NO_EOS)
 
 
 # --- the anatomy of a step --------------------------------------------------------------------------
 
 
 def test_labelled_parts_come_off_again(model):
-    originals = (engine_model.apply_rope, engine_model.extend_cache, StaticCache.write, sampling.next_token)
+    originals = (engine_model.apply_rope, engine_model.extend_cache, StaticCache.write, sampling.pick)
     with anatomy.labelled_parts(model):
         assert "forward" in vars(model.model.layers[0].mlp.up_proj)
-    assert (engine_model.apply_rope, engine_model.extend_cache, StaticCache.write, sampling.next_token) == originals
+    assert (engine_model.apply_rope, engine_model.extend_cache, StaticCache.write, sampling.pick) == originals
     assert not any("forward" in vars(module) for module in model.modules())
 
 

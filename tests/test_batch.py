@@ -13,7 +13,7 @@ from kvlab.io import read_csv_rows
 from kvlab.facts.budget import KEPT_RUNGS, Budget
 from kvlab.measure import batch, kv_waste, prompt
 from kvlab.present.beyond import batch_context, kv_waste_context
-from kvlab.measure.steps import GREEDY
+from kvlab.measure.steps import GREEDY_NO_EOS
 
 from helpers import course_config, dry_run_jobs, random_model
 
@@ -42,9 +42,9 @@ def test_padded_rows_generate_what_each_prompt_gives_alone(use_cache, flash):
         layer.self_attn.use_flash = flash  # a padded prefill must leave the flash path for the mask
     prompts = prompts_of((5, 17, 9, 1))
     ids, mask = left_pad(prompts)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=15, use_cache=use_cache, **GREEDY)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=15, use_cache=use_cache, **GREEDY_NO_EOS)
     for row, row_ids in enumerate(prompts):
-        alone = model.generate(torch.tensor([row_ids]), max_new_tokens=15, **GREEDY)[0, len(row_ids):]
+        alone = model.generate(torch.tensor([row_ids]), max_new_tokens=15, **GREEDY_NO_EOS)[0, len(row_ids):]
         assert torch.equal(out[row, ids.shape[1]:], alone), f"row {row} (prompt of {len(row_ids)} tokens)"
     assert len(set(out[1, ids.shape[1]:].tolist())) > 1, "degenerate output would make the check weak"
 

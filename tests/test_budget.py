@@ -168,7 +168,7 @@ def test_a_probe_of_the_first_steps_predicts_a_whole_generation():
     """Without the cache every step feeds the whole sequence: a probe's fit over its first steps
     predicts that generation dearer than the cached one, and about what it then takes."""
     from kvlab.measure.curves import PROBE_STEPS, predicted_generation_s
-    from kvlab.measure.steps import GREEDY, prompt_tensor
+    from kvlab.measure.steps import GREEDY_NO_EOS, prompt_tensor
 
     model = random_model(0)
     new_tokens = 3 * PROBE_STEPS
@@ -177,7 +177,7 @@ def test_a_probe_of_the_first_steps_predicts_a_whole_generation():
     without = predicted_generation_s(model, prompt, new_tokens, use_cache=False)
     assert 0 < with_cache < without
     began = time.perf_counter()
-    model.generate(prompt, max_new_tokens=new_tokens, use_cache=False, **GREEDY)
+    model.generate(prompt, max_new_tokens=new_tokens, use_cache=False, **GREEDY_NO_EOS)
     assert without / 4 < time.perf_counter() - began < without * 4
 
 

@@ -619,10 +619,10 @@ def test_recording_forward_records_lengths_and_times_and_counting_forward_still_
     model = random_model(0)
     prompt = torch.tensor([[1, 5, 6, 7]])
     with steps.recording_forward(model) as calls:
-        model.generate(prompt, max_new_tokens=3, use_cache=True, **steps.GREEDY)
+        model.generate(prompt, max_new_tokens=3, use_cache=True, **steps.GREEDY_NO_EOS)
     assert calls.fed_lengths == [4, 1, 1] and len(calls.seconds) == 3 and min(calls.seconds) > 0
     with steps.counting_forward(model) as lengths:
-        model.generate(prompt, max_new_tokens=3, use_cache=False, **steps.GREEDY)
+        model.generate(prompt, max_new_tokens=3, use_cache=False, **steps.GREEDY_NO_EOS)
     assert lengths == [4, 5, 6]
     assert "forward" not in vars(model)  # the wrapper is gone
 

@@ -11,7 +11,7 @@ import torch
 from kvlab.engine import aot, fast, sampling
 from kvlab.engine.model import left_pad
 from kvlab.kernels import torch_internals
-from kvlab.measure.steps import GREEDY
+from kvlab.measure.steps import GREEDY_NO_EOS
 
 from helpers import TINY_FAST, random_model, torch_threads
 
@@ -43,18 +43,18 @@ def compiles() -> int:
 
 
 class SeenLogits:
-    """Every logits row the next-token choice saw (kvlab.engine.sampling.choose_next, which both the
+    """Every logits row the next-token choice saw (kvlab.engine.sampling.pick, which both the
     eager and the fast path call once a step; the fast path's plain greedy choice made in its step)."""
 
     def __init__(self, monkeypatch):
         self.rows = []
-        original = sampling.choose_next
+        original = sampling.pick
 
-        def choose_next(logits, *args, **kwargs):
+        def pick(logits, *args, **kwargs):
             self.rows.append(logits.clone())
             return original(logits, *args, **kwargs)
 
-        monkeypatch.setattr(sampling, "choose_next", choose_next)
+        monkeypatch.setattr(sampling, "pick", pick)
 
     def take(self) -> list[torch.Tensor]:
         rows, self.rows = self.rows, []
@@ -85,7 +85,7 @@ def test_every_plan_gives_minimind_s_tokens_and_logits(plan, qk_norm, monkeypatc
     model = random_model(2, **SMALL, qk_norm=qk_norm)
     seen = SeenLogits(monkeypatch)
     ids = assert_same_run(model, PROMPT, seen, lambda prompt, **k: fast.generate(model, prompt, plan=plan, **k),
-                          max_new_tokens=16, **GREEDY)
+                          max_new_tokens=16, **GREEDY_NO_EOS)
     assert len(set(ids[0, PROMPT.shape[1]:].tolist())) > 3, "degenerate output would make the check weak"
 
 
@@ -94,9 +94,9 @@ def test_padded_rows_and_seeded_samples_are_the_eager_path_s(monkeypatch):
     plan = fast.StepPlan(compile_mode=None)
     seen = SeenLogits(monkeypatch)
     ids, mask = left_pad([[1, 5, 6], [1, 7, 8, 9, 10, 11, 12]])
-    cat = model.generate(ids, mask, max_new_tokens=12, **GREEDY)
+    cat = model.generate(ids, mask, max_new_tokens=12, **GREEDY_NO_EOS)
     seen.take()
-    assert torch.equal(fast.generate(model, ids, mask, max_new_tokens=12, plan=plan, **GREEDY), cat)
+    assert torch.equal(fast.generate(model, ids, mask, max_new_tokens=12, plan=plan, **GREEDY_NO_EOS), cat)
     sampled = []
     for run in (lambda: model.generate(PROMPT, max_new_tokens=20, num_return_sequences=4, temperature=1.2,
                                        eos_token_id=None),
@@ -109,8 +109,8 @@ def test_padded_rows_and_seeded_samples_are_the_eager_path_s(monkeypatch):
 
 def test_half_precision_gives_the_eager_path_s_tokens_too():
     model = random_model(1, **SMALL).half()
-    cat = model.generate(PROMPT, max_new_tokens=12, **GREEDY)
-    assert torch.equal(fast.generate(model, PROMPT, max_new_tokens=12, plan=fast.StepPlan(compile_mode=None), **GREEDY), cat)
+    cat = model.generate(PROMPT, max_new_tokens=12, **GREEDY_NO_EOS)
+    assert torch.equal(fast.generate(model, PROMPT, max_new_tokens=12, plan=fast.StepPlan(compile_mode=None), **GREEDY_NO_EOS), cat)
     (decoder,) = fast.decoders_of(model).values()
     assert decoder.weights.packed.dtype == decoder.cache.keys_t[0].dtype == torch.float16
 
@@ -120,14 +120,14 @@ def test_the_fused_weights_follow_the_model_s(monkeypatch):
     plan = fast.StepPlan(compile_mode=None)
     seen = SeenLogits(monkeypatch)
     run = lambda prompt, **k: fast.generate(model, prompt, plan=plan, **k)  # noqa: E731
-    before = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
-    assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
+    before = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY_NO_EOS)
+    assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY_NO_EOS)
     (decoder,) = fast.decoders_of(model).values()
     assert decoder.weights.packs == 1  # nothing changed: the packed weights are not copied again
     with torch.no_grad():  # a training step, a load_state_dict: the weights change in place
         model.model.layers[0].self_attn.k_proj.weight.mul_(3.0)
         model.model.layers[1].mlp.up_proj.weight.mul_(-1.0)
-    after = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY)
+    after = assert_same_run(model, PROMPT, seen, run, max_new_tokens=16, **GREEDY_NO_EOS)
     assert not torch.equal(before, after), "the change must show in the tokens for the check to mean anything"
     assert list(fast.decoders_of(model).values()) == [decoder] and decoder.weights.packs == 2  # packed again
     held = weakref.ref(model)
@@ -141,14 +141,14 @@ def test_cache_lengths_are_bucketed_and_capped():
     model = random_model(5, **SMALL)
     plan = fast.StepPlan(compile_mode=None)
     for prompt_len in (3, 40):  # both fit one bucket: one Decoder serves both
-        fast.generate(model, PROMPT[:, :1].repeat(1, prompt_len), max_new_tokens=5, plan=plan, **GREEDY)
+        fast.generate(model, PROMPT[:, :1].repeat(1, prompt_len), max_new_tokens=5, plan=plan, **GREEDY_NO_EOS)
     assert [key[1] for key in fast.decoders_of(model)] == [256]
 
 
 def test_bad_requests_are_refused_in_one_line():
     model = random_model(6, **SMALL)
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        fast.generate(model, PROMPT, max_new_tokens=2000, **GREEDY)
+        fast.generate(model, PROMPT, max_new_tokens=2000, **GREEDY_NO_EOS)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         fast.generate(model, PROMPT, max_new_tokens=3, temperature=0.0)
     with pytest.raises(ValueError, match="attention must be one of repeat_kv, grouped, sdpa, got 'flash'"):
@@ -174,7 +174,7 @@ def test_one_program_per_architecture_every_length_minimind_s_tokens_and_the_dis
         return fast.generate(model, prompt, **knobs)
 
     before = compiles()
-    ids = assert_same_run(model, PROMPT, seen, compiled, max_new_tokens=12, **GREEDY)
+    ids = assert_same_run(model, PROMPT, seen, compiled, max_new_tokens=12, **GREEDY_NO_EOS)
     assert len(set(ids[0, PROMPT.shape[1]:].tolist())) > 3
     (decoder,) = fast.decoders_of(model).values()
     assert decoder.program is not None and decoder.steps == 11 and decoder.compile_s >= 0
@@ -182,8 +182,8 @@ def test_one_program_per_architecture_every_length_minimind_s_tokens_and_the_dis
     loaded = dict(aot._LOADED)
     twin = random_model(1, **TINY_FAST)
     with torch.compiler.set_stance("fail_on_recompile"):
-        assert_same_run(model, PROMPT[:, :5], seen, compiled, max_new_tokens=20, **GREEDY)
-        assert_same_run(twin, PROMPT, seen, lambda p, **k: fast.generate(twin, p, **k), max_new_tokens=12, **GREEDY)
+        assert_same_run(model, PROMPT[:, :5], seen, compiled, max_new_tokens=20, **GREEDY_NO_EOS)
+        assert_same_run(twin, PROMPT, seen, lambda p, **k: fast.generate(twin, p, **k), max_new_tokens=12, **GREEDY_NO_EOS)
         sampled = []
         for generate in (model.generate, compiled):
             torch.manual_seed(11)
@@ -208,9 +208,9 @@ def test_a_torch_compile_plan_compiles_once_per_shape(monkeypatch):
     seen = SeenLogits(monkeypatch)
     run = lambda prompt, **k: fast.generate(model, prompt, plan=plan, **k)  # noqa: E731
     before = compiles()
-    assert_same_run(model, PROMPT, seen, run, max_new_tokens=12, **GREEDY)
+    assert_same_run(model, PROMPT, seen, run, max_new_tokens=12, **GREEDY_NO_EOS)
     with torch.compiler.set_stance("fail_on_recompile"):
-        assert_same_run(model, PROMPT[:, :5], seen, run, max_new_tokens=20, **GREEDY)  # the same bucket
+        assert_same_run(model, PROMPT[:, :5], seen, run, max_new_tokens=20, **GREEDY_NO_EOS)  # the same bucket
     assert compiles() - before == 1
     (decoder,) = fast.decoders_of(model).values()
     assert decoder.cache_length == fast.BUCKET_POSITIONS and decoder.steps == 11 + 19 and decoder.compile_s > 0
@@ -222,8 +222,8 @@ def test_without_a_compiler_one_line_and_the_eager_static_path(monkeypatch):
     before = compiles()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = fast.generate(model, PROMPT, max_new_tokens=10, **GREEDY)
+        out = fast.generate(model, PROMPT, max_new_tokens=10, **GREEDY_NO_EOS)
     lines = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert lines == [fast.NO_COMPILER] and "\n" not in lines[0] and "no C++ compiler found" in lines[0]
-    assert torch.equal(out, model.generate(PROMPT, max_new_tokens=10, kv_cache="cat", **GREEDY))
+    assert torch.equal(out, model.generate(PROMPT, max_new_tokens=10, kv_cache="cat", **GREEDY_NO_EOS))
     assert compiles() == before and not fast.decoders_of(model)

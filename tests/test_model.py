@@ -3,7 +3,7 @@ formulas, the cache's shape and bytes, eos padding."""
 import pytest
 import torch
 
-from kvlab.measure.steps import GREEDY, counting_forward
+from kvlab.measure.steps import GREEDY_NO_EOS, counting_forward
 from kvlab.engine.model import kv_cache_bytes, repeat_kv
 from kvlab.facts.formulas import fed_formulas
 
@@ -14,8 +14,8 @@ from helpers import random_model
 def test_greedy_same_with_and_without_cache(seed, prompt_len):
     model = random_model(seed)
     prompt = torch.randint(3, 300, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
-    with_cache = model.generate(prompt, max_new_tokens=20, use_cache=True, **GREEDY)
-    without_cache = model.generate(prompt, max_new_tokens=20, use_cache=False, **GREEDY)
+    with_cache = model.generate(prompt, max_new_tokens=20, use_cache=True, **GREEDY_NO_EOS)
+    without_cache = model.generate(prompt, max_new_tokens=20, use_cache=False, **GREEDY_NO_EOS)
     assert with_cache.shape == (1, prompt_len + 20)
     assert torch.equal(with_cache, without_cache)
     assert torch.equal(with_cache[:, :prompt_len], prompt)
@@ -25,12 +25,12 @@ def test_greedy_same_with_and_without_cache(seed, prompt_len):
 def test_greedy_same_for_a_batch():
     model = random_model(3)
     prompt = torch.randint(3, 300, (3, 9), generator=torch.Generator().manual_seed(3))
-    with_cache = model.generate(prompt, max_new_tokens=12, use_cache=True, **GREEDY)
-    without_cache = model.generate(prompt, max_new_tokens=12, use_cache=False, **GREEDY)
+    with_cache = model.generate(prompt, max_new_tokens=12, use_cache=True, **GREEDY_NO_EOS)
+    without_cache = model.generate(prompt, max_new_tokens=12, use_cache=False, **GREEDY_NO_EOS)
     assert torch.equal(with_cache, without_cache)
     # each row equals the same prompt generated alone
     for row in range(3):
-        alone = model.generate(prompt[row : row + 1], max_new_tokens=12, use_cache=True, **GREEDY)
+        alone = model.generate(prompt[row : row + 1], max_new_tokens=12, use_cache=True, **GREEDY_NO_EOS)
         assert torch.equal(alone[0], with_cache[row])
 
 
@@ -55,7 +55,7 @@ def test_fed_tokens_follow_the_formulas(prompt_len, new_tokens):
     fed = {}
     for use_cache in (True, False):
         with counting_forward(model) as lengths:
-            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY_NO_EOS)
         fed[use_cache] = sum(lengths)
         assert len(lengths) == new_tokens  # one forward call per new token
     formulas = fed_formulas(prompt_len, new_tokens)
@@ -116,7 +116,7 @@ def test_finished_rows_are_padded_with_eos():
 def test_generation_stops_when_every_row_finished():
     model = random_model(8)
     prompt = torch.tensor([[5, 6, 7]])
-    first = int(model.generate(prompt, max_new_tokens=1, **GREEDY)[0, -1])
+    first = int(model.generate(prompt, max_new_tokens=1, **GREEDY_NO_EOS)[0, -1])
     out = model.generate(prompt, max_new_tokens=50, do_sample=False, top_k=0, top_p=1.0, eos_token_id=first)
     assert out.shape == (1, 4)
 
@@ -127,7 +127,7 @@ def test_sampling_needs_a_positive_temperature():
         model.generate(torch.tensor([[5]]), max_new_tokens=2, temperature=0.0, do_sample=True)
     # greedy ignores the scale
     out = model.generate(torch.tensor([[5]]), max_new_tokens=3, temperature=0.0, do_sample=False, top_k=0, top_p=1.0)
-    assert torch.equal(out, model.generate(torch.tensor([[5]]), max_new_tokens=3, **GREEDY))
+    assert torch.equal(out, model.generate(torch.tensor([[5]]), max_new_tokens=3, **GREEDY_NO_EOS))
 
 
 def test_seeded_sampling_is_reproducible_and_cache_independent():
@@ -143,8 +143,8 @@ def test_seeded_sampling_is_reproducible_and_cache_independent():
 def test_too_long_generation_is_refused_before_work():
     model = random_model(11, max_position_embeddings=64)
     with counting_forward(model) as lengths, pytest.raises(ValueError, match="max_position_embeddings"):
-        model.generate(torch.randint(3, 300, (1, 40)), max_new_tokens=26, **GREEDY)
+        model.generate(torch.randint(3, 300, (1, 40)), max_new_tokens=26, **GREEDY_NO_EOS)
     assert lengths == []
     # exactly full: the 25th new token is produced but never fed back
-    out = model.generate(torch.randint(3, 300, (1, 40)), max_new_tokens=25, **GREEDY)
+    out = model.generate(torch.randint(3, 300, (1, 40)), max_new_tokens=25, **GREEDY_NO_EOS)
     assert out.shape == (1, 65)

@@ -93,7 +93,7 @@ def test_the_greedy_pick_is_torch_argmax_with_ties_infinities_and_nan(rows, voca
     logits = torch.tensor(data.draw(st.lists(st.lists(values | st.floats(-1e6, 1e6, width=32), min_size=2 * vocab,
                                                       max_size=2 * vocab), min_size=rows, max_size=rows)), dtype=dtype)
     for chosen in (logits, logits[:, ::2]):
-        picked = sampling.pick_next_token(chosen, do_sample=False)
+        picked = sampling.draw_or_argmax(chosen, do_sample=False)
         assert picked.dtype == torch.int64 and picked.shape == (rows, 1)
         assert torch.equal(picked, torch.argmax(chosen, dim=-1, keepdim=True)), chosen
 
@@ -101,11 +101,11 @@ def test_the_greedy_pick_is_torch_argmax_with_ties_infinities_and_nan(rows, voca
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 6), st.integers(2, 40), st.sampled_from([torch.float32, torch.float64]), st.data())
 def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, dtype, data):
-    """`greedy_choice` (the serving engine's pick for plain greedy requests, rows of other temperatures
+    """`greedy_pick_rows` (the serving engine's pick for plain greedy requests, rows of other temperatures
     in one call) against `next_token` row by row under the same knobs: logits a last bit apart, which a
     temperature's division can make equal (then the first wins), ties, infinities, NaN. A choice that
     multiplied by 1 / temperature, skipped the division or took the last of equals fails here; so does
-    `greedy_picks`, the same rule in torch that the compiled steps make, and kvlab::greedy_pick, the
+    `greedy_pick`, the same rule in torch that the compiled steps make, and kvlab::greedy_pick, the
     serving step's in C++ (which divides only the logits near the largest: 3e38 over a temperature
     below 1 overflows to infinity, a rounding tie it must find)."""
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16)))
@@ -122,13 +122,13 @@ def test_the_greedy_choice_is_next_tokens_at_each_rows_temperature(rows, vocab, 
     expected = []
     for row, temperature in zip(logits, temperatures):
         knobs = dict(temperature=temperature, top_k=0, top_p=1.0, repetition_penalty=1.0, do_sample=False)
-        assert sampling.plain_greedy(**knobs)
-        expected.append(int(sampling.next_token(row[None], None, **knobs)[0, 0]))
-    assert sampling.greedy_choice(logits, temperatures) == expected
+        assert sampling.is_greedy(**knobs)
+        expected.append(int(sampling.pick(row[None], None, **knobs)[0, 0]))
+    assert sampling.greedy_pick_rows(logits, temperatures) == expected
     strided = torch.stack([logits, logits], dim=-1)[..., 0]  # the same values, a view with a stride of 2
-    assert sampling.greedy_choice(strided, temperatures) == expected
+    assert sampling.greedy_pick_rows(strided, temperatures) == expected
     # the compiled steps' rule, in torch (the serving step's per row, generate's fast step's for all rows)
-    assert sampling.greedy_picks(logits, torch.tensor(temperatures, dtype=dtype)[:, None]).tolist() == expected
+    assert sampling.greedy_pick(logits, torch.tensor(temperatures, dtype=dtype)[:, None]).tolist() == expected
     if dtype == torch.float32 and loader.library():  # and in C++ (kvlab.kernels' kvlab::greedy_pick)
         assert ops.greedy_pick(strided, torch.tensor(temperatures)).tolist() == expected
 

@@ -1,4 +1,4 @@
-"""The serve_bench rule (kvlab.measure.serve_bench): the arithmetic of a run on made-up answers, and the
+"""The serve_bench rule (kvlab.measure.serving_bench): the arithmetic of a run on made-up answers, and the
 rule itself on the tests' course with a tiny load: its CSV's columns, every request answered, latency
 rising past saturation, and its figure. One server there (a server start costs
 seconds); the ways of serving differ in the engine's tests (tests/test_serving_engine.py)."""
@@ -12,7 +12,7 @@ import pytest
 
 from kvlab.io import read_csv_rows, read_json
 from kvlab.facts.arrivals import poisson_arrivals
-from kvlab.measure.serve_bench import PERCENTILES, Answer, percentile, summary
+from kvlab.measure.serving_bench import PERCENTILES, Answer, percentile, summary
 from kvlab.present import serving_figures
 
 from helpers import course_config, png_text, snakemake

@@ -1,5 +1,5 @@
 """Continuous batching against static and against one request at a time on one trace
-(kvlab.measure.serve_trace, serve_run, serving_traces, serve_rates; rules serve_trace and serve_rates):
+(kvlab.measure.serving_trace, serving_run, serving_workloads, serving_rates; rules serve_trace and serve_rates):
 every request of every way as `generate` alone gives it, counted; continuous finishes a trace whose
 lengths vary in fewer forward steps, its slots fuller; the engine's own records time each step; the
 tables' columns; one-line refusals naming the config key; the built files and what reruns when a knob
@@ -12,8 +12,9 @@ import yaml
 
 from kvlab.config import ConfigError, check_serving
 from kvlab.facts.results import FIGURES, REPORT_READS, RESULTS
+from kvlab.facts.serving import ServingSettings
 from kvlab.io import read_csv_rows
-from kvlab.measure import kv_waste, serve_rates, serve_run, serve_trace, serving_traces
+from kvlab.measure import kv_waste, serving_rates, serving_run, serving_trace, serving_workloads
 from kvlab.present import serving_figures
 
 from helpers import ROOT, SMALL_EXTRAS, course_config, dry_run_jobs, snakemake
@@ -21,11 +22,10 @@ from serving_helpers import VOCAB, one_thread, prompts_of, tiny_model  # noqa: F
 
 DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))["extras"]["serving"]
 # a tiny trace: 6 requests on 2 slots, max_tokens 1-10 (lengths that vary), blocks of 4 tokens
-SETTINGS = DEFAULTS | {"requests": 6, "prompt_min": 4, "prompt_cap": 20, "max_tokens_min": 1, "max_tokens_max": 10,
-                       "rate": 2.0, "slots": 2, "block_size": 4, "num_blocks": 48, "tight_blocks": 8,
-                       "max_batched_tokens": 128, "prefix_requests": 3, "question_tokens": 4,
-                       "parallel_requests": 2, "parallel_n": 2, "repeats": 1, "rate_fractions": [1.0, 2.0],
-                       "rate_max_seconds": 5}
+SETTINGS = ServingSettings.of(DEFAULTS).changed(
+    requests=6, prompt_min=4, prompt_cap=20, max_tokens_min=1, max_tokens_max=10, rate=2.0, slots=2, block_size=4,
+    num_blocks=48, tight_blocks=8, max_batched_tokens=128, prefix_requests=3, question_tokens=4, parallel_requests=2,
+    parallel_n=2, repeats=1, rate_fractions=(1.0, 2.0), rate_max_seconds=5)
 COUNT_COLUMNS = {"trace", "run", "policy", "forward_steps", "slot_utilisation", "peak_blocks", "mean_blocks",
                  "preemptions", "prefix_hit_rate", "blocks_saved_by_sharing", "memory_saved_share",
                  "greedy_mismatches", "seeded_mismatches", "checked_requests"}
@@ -33,7 +33,7 @@ COUNT_COLUMNS = {"trace", "run", "policy", "forward_steps", "slot_utilisation", 
 
 def bos_prompts(count: int, seed: int = 1) -> list[list[int]]:
     """Validation-like prompts as document_prompts cuts them: bos (1), then tokens up to prompt_cap."""
-    return [[1] + prompt for prompt in prompts_of([SETTINGS["prompt_cap"] - 1] * count, seed)]
+    return [[1] + prompt for prompt in prompts_of([SETTINGS.prompt_cap - 1] * count, seed)]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def model():
 @pytest.fixture(scope="module")
 def measured(model):
     system_prompt = [1] + prompts_of([23], seed=7)[0]  # 24 tokens: six full blocks shared
-    return serve_trace.measure(model, bos_prompts(6), system_prompt, SETTINGS, bytes_per_token=512)
+    return serving_trace.measure(model, bos_prompts(6), system_prompt, SETTINGS, bytes_per_token=512)
 
 
 # --- the traces ------------------------------------------------------------------------------------
@@ -52,17 +52,17 @@ def measured(model):
 
 def test_a_trace_is_seeded_its_lengths_in_range_and_the_same_at_any_rate():
     prompts = bos_prompts(6)
-    trace = serving_traces.main_trace(prompts, SETTINGS, SETTINGS["rate"])
-    assert trace == serving_traces.main_trace(prompts, SETTINGS, SETTINGS["rate"])
+    trace = serving_workloads.main_trace(prompts, SETTINGS, SETTINGS.rate)
+    assert trace == serving_workloads.main_trace(prompts, SETTINGS, SETTINGS.rate)
     assert all(4 <= len(r.prompt) <= 20 and r.prompt[0] == 1 and 1 <= r.params.max_tokens <= 10 for r in trace)
     assert [r.params.seed is None for r in trace] == [True, False] * 3  # every other request greedy
     assert all(r.params.eos_token_id is None for r in trace)  # each runs to its max_tokens
     steps = [r.arrival_step for r in trace]
     assert steps == sorted(steps) and steps[0] == 0
-    slower = serving_traces.main_trace(prompts, SETTINGS, 0.1)
+    slower = serving_workloads.main_trace(prompts, SETTINGS, 0.1)
     assert [(r.prompt, r.params) for r in slower] == [(r.prompt, r.params) for r in trace]
     assert [r.arrival_step for r in slower] != steps
-    made = serving_traces.traces(prompts, [1, 2, 3], SETTINGS)
+    made = serving_workloads.traces(prompts, [1, 2, 3], SETTINGS)
     assert all(r.prompt[:3] == [1, 2, 3] and len(r.prompt) == 3 + 4 for r in made["prefix"])
     assert all(r.params.n == 2 and r.params.seed is not None for r in made["parallel"])
 
@@ -89,7 +89,7 @@ def test_the_trace_is_served_three_ways_each_held_against_generate_alone(measure
     tokens = sum(r["max_tokens"] for r in detail["traces"]["trace"])
     assert ways["one_at_a_time"] == {"forward_steps": tokens, "slots": 1, "slot_utilisation": 1.0, "tokens": tokens}
     assert ways["continuous"]["forward_steps"] < ways["static"]["forward_steps"] < tokens
-    for way in serve_run.WAYS:
+    for way in serving_run.WAYS:
         (run,) = detail["timings"][way]  # repeats: 1
         assert run["tokens"] == tokens and run["wall_s"] > 0 and 0 < run["cpu_s"] <= run["wall_s"] * 1.05
         assert run["tokens_per_s"] == pytest.approx(tokens / run["wall_s"])
@@ -101,8 +101,8 @@ def test_the_trace_is_served_three_ways_each_held_against_generate_alone(measure
 def test_the_engine_records_each_steps_seconds_no_method_patched(model):
     """A run's step records (the engine's own) split each step into the scheduler's and the forward's
     seconds, the thread's CPU seconds beside; the on_schedule hook sees every plan."""
-    trace = serving_traces.main_trace(bos_prompts(6), SETTINGS, SETTINGS["rate"])
-    run = serve_run.serve(model, trace, serve_trace.engine_config(SETTINGS, "continuous"), "continuous")
+    trace = serving_workloads.main_trace(bos_prompts(6), SETTINGS, SETTINGS.rate)
+    run = serving_run.serve(model, trace, serving_trace.engine_config(SETTINGS, "continuous"), "continuous")
     assert len(run.held) == len(run.steps) > 0
     for step in run.steps:
         assert 0 < step.schedule_s + step.forward_s <= step.step_s and 0 < step.cpu_s
@@ -169,7 +169,7 @@ def test_the_timing_table_has_every_quantity_with_its_interval(measured):
 
 def test_a_tight_budget_keeps_two_repeats_and_says_what_it_cut(model):
     system_prompt = [1] + prompts_of([23], seed=7)[0]
-    tight = serve_trace.measure(model, bos_prompts(6), system_prompt, SETTINGS | {"repeats": 4, "budget_s": 1e-9},
+    tight = serving_trace.measure(model, bos_prompts(6), system_prompt, SETTINGS.changed(repeats=4, budget_s=1e-9),
                                 bytes_per_token=512)
     detail = tight["detail"]
     assert detail["repeats"] == 2 and [cut["rung"] for cut in detail["budget"]["cut"]] == ["repeats of the three ways 3-4"]
@@ -253,8 +253,8 @@ def test_the_timelines_legend_sits_between_the_figures_title_and_the_first_panel
     assert not legend.overlaps(boxes["panel_title"]) and legend.y0 >= boxes["panel_title"].y1, boxes
 
 def test_the_rate_sweep_measures_saturation_then_each_fraction(model):
-    settings = SETTINGS | {"requests": 4, "max_tokens_max": 4, "rate_fractions": [0.5, 2.0]}
-    rows, runs = serve_rates.rate_sweep(model, bos_prompts(4), settings)
+    settings = SETTINGS.changed(requests=4, max_tokens_max=4, rate_fractions=(0.5, 2.0))
+    rows, runs = serving_rates.rate_sweep(model, bos_prompts(4), settings)
     assert [(row["policy"], row["fraction"]) for row in rows] == [(p, f) for p in ("static", "continuous")
                                                                   for f in (0.5, 2.0)]
     saturation = runs["saturation"]
@@ -268,23 +268,23 @@ def test_the_rate_sweep_measures_saturation_then_each_fraction(model):
         assert row["normalized_latency_steps"] >= 1 and row["normalized_latency_s"] > 0
         assert 1 <= row["ttft_p50_steps"] <= row["ttft_p90_steps"] <= row["latency_p90_steps"]
     # a run bounded in time keeps what finished
-    cut = serve_run.serve(model, serving_traces.main_trace(bos_prompts(4), settings, 0.5),
-                            serve_trace.engine_config(settings, "continuous"), "bounded", max_seconds=0.0)
-    assert cut.cut and serve_rates.rate_row(cut, 0.1, 0.5)["finished"] < 4
+    cut = serving_run.serve(model, serving_workloads.main_trace(bos_prompts(4), settings, 0.5),
+                            serving_trace.engine_config(settings, "continuous"), "bounded", max_seconds=0.0)
+    assert cut.cut and serving_rates.rate_row(cut, 0.1, 0.5)["finished"] < 4
 
 
 # --- one-line refusals ---------------------------------------------------------------------------
 
 
 def test_a_request_longer_than_the_pool_is_refused_naming_the_key(model):
-    trace = serving_traces.main_trace(bos_prompts(6), SETTINGS, 1.0)
+    trace = serving_workloads.main_trace(bos_prompts(6), SETTINGS, 1.0)
     with pytest.raises(ValueError) as error:
-        serving_traces.check_fits(trace, serve_trace.engine_config(SETTINGS, "continuous", num_blocks=2),
+        serving_workloads.check_fits(trace, serving_trace.engine_config(SETTINGS, "continuous", num_blocks=2),
                                "extras.serving.tight_blocks")
     assert str(error.value).startswith("config key 'extras.serving.tight_blocks': 2 blocks of 4 tokens cannot hold")
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match=r"^config key 'extras.serving.block_size': 7 does not divide"):
-        serve_trace.measure(model, bos_prompts(6), [1], SETTINGS | {"block_size": 7}, 512)
+        serving_trace.measure(model, bos_prompts(6), [1], SETTINGS.changed(block_size=7), 512)
 
 
 @pytest.mark.parametrize("change, key", [
@@ -296,9 +296,9 @@ def test_a_request_longer_than_the_pool_is_refused_naming_the_key(model):
     ({"max_tokens_min": 11}, "max_tokens_min': 11 is more than max_tokens_max (10)"),
 ])
 def test_settings_that_serve_nothing_are_refused_at_parse_time(change, key):
-    check_serving(SETTINGS, lab_prompt_len=24)
+    check_serving(SETTINGS.as_dict(), lab_prompt_len=24)
     with pytest.raises(ConfigError) as error:
-        check_serving(SETTINGS | change, lab_prompt_len=24)
+        check_serving(SETTINGS.as_dict() | change, lab_prompt_len=24)
     assert str(error.value).startswith(f"config key 'extras.serving.{key}")
 
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvlab.checkpoints import inspect_checkpoint, load_inspected
 from kvlab.engine.checkpoint import save_checkpoint
 from kvlab.engine.tokenizer import load_tokenizer
-from kvlab.measure.serve_bench import ServerProcess
+from kvlab.measure.serving_bench import ServerProcess
 from kvlab.server.detokenize import IncrementalText
 from kvlab.server.serving_thread import Finished, ServingThread
 from kvlab.server.metrics import ServerMetrics

@@ -72,6 +72,23 @@ def test_mixed_prefill_and_decode_steps_equal_generate_alone(model, compile):
     assert engine.compiled == compile
 
 
+def test_the_engine_keeps_the_step_records_its_config_bounds_and_counts_every_step(model):
+    """ServingConfig.step_records: the engine keeps the last so many step records (a server steps for
+    ever), while its counts, summary and tokens are those of the run that kept every record."""
+    requests = staggered(prompts_of(LENGTHS), greedy(16))
+    every, _ = serve(model, ServingConfig(num_blocks=64, max_num_seqs=6, compile=False), requests)
+    kept, _ = serve(model, ServingConfig(num_blocks=64, max_num_seqs=6, compile=False, step_records=3), requests)
+    assert len(every.stats.steps) == every.stats.forward_steps > 3
+    assert [s.step for s in kept.stats.steps] == [s.step for s in list(every.stats.steps)[-3:]]
+    timeless = lambda stats: {k: v for k, v in stats.summary().items() if k != "wall_s"}  # noqa: E731
+    assert timeless(kept.stats) == timeless(every.stats)
+    assert every.stats.prefill_tokens == sum(s.prefill_tokens for s in every.stats.steps)
+    assert every.stats.peak_blocks_in_use == max(s.blocks_in_use for s in every.stats.steps)
+    assert [o.samples for o in kept.outputs] == [o.samples for o in every.outputs]
+    with pytest.raises(ValueError, match="ServingConfig.step_records"):
+        ServingConfig(step_records=0)
+
+
 def test_one_compiled_step_serves_every_size_without_recompiling(model):
     """The step compiled once (its sizes symbolic) serves steps of 1 to 6 rows, prompts and decodes,
     contexts of 3 to 73 positions: no graph is compiled after the warm-up."""
@@ -95,7 +112,7 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
     """After the warm-up the step calls the code dynamo made (no guards run): for steps of every kind
     (one decode row, many, prompt chunks beside decode rows, contexts over several blocks) the guards
     it was compiled with pass on the step's inputs, no graph is compiled, the logits are the eager
-    step's within rounding, and its greedy picks are `greedy_choice`'s at each row's temperature."""
+    step's within rounding, and its greedy picks are `greedy_pick_rows`'s at each row's temperature."""
     from kvlab.kernels.torch_internals import compiled_graphs
     from kvlab.serving.compiled_step import step_logits, step_rows
 
@@ -118,7 +135,7 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
             eager = step_logits(rows, step.weights.views, engine.pool.keys, engine.pool.values, step.shape,
                                 step.native)
         assert torch.allclose(logits, eager[:len(logits)], atol=1e-5, rtol=1e-4), pieces
-        assert picks.tolist() == sampling.greedy_choice(logits, temperatures), pieces
+        assert picks.tolist() == sampling.greedy_pick_rows(logits, temperatures), pieces
     assert compiled_graphs() == graphs
 
 
@@ -345,9 +362,9 @@ def test_a_drawn_stream_is_the_same_from_the_global_and_an_own_generator():
     seen = torch.randint(0, 50, (3, 4))
     knobs = dict(temperature=0.9, top_k=10, top_p=0.9, repetition_penalty=1.2, do_sample=True)
     torch.manual_seed(5)
-    global_draws = [sampling.next_token(logits, seen, **knobs) for _ in range(4)]
+    global_draws = [sampling.pick(logits, seen, **knobs) for _ in range(4)]
     own = torch.Generator().manual_seed(5)
-    own_draws = [sampling.next_token(logits, seen, **knobs, generator=own) for _ in range(4)]
+    own_draws = [sampling.pick(logits, seen, **knobs, generator=own) for _ in range(4)]
     assert all(torch.equal(a, b) for a, b in zip(global_draws, own_draws))
 
 

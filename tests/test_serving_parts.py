@@ -74,7 +74,7 @@ def test_a_decoding_rows_block_in_short_is_what_append_gives(model):
     nothing taken (the scheduler then goes the long way, which preempts)."""
     from kvlab.serving.block_manager import BlockManager
     from kvlab.serving.request import Request
-    from kvlab.serving.scheduler import Piece
+    from kvlab.serving.request import Piece
 
     pool = BlockPool(model.config, num_blocks=4, block_size=4, dtype=torch.float32)
     blocks = BlockManager(pool, prefix_caching=False)

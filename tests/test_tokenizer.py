@@ -92,3 +92,21 @@ def test_template_reaching_python_internals_is_refused(tokenizer_dir, tmp_path):
 def test_folder_without_tokenizer_json(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
         load_tokenizer(tmp_path)
+
+
+def test_an_answer_cut_inside_a_character_leaves_that_character_out(tokenizer_dir):
+    """A byte-level tokenizer spells a rare character in several byte tokens; an answer the token
+    limit cut after its first bytes ends inside it. answer_text leaves the unfinished character out
+    (decode alone shows U+FFFD); an answer that reached eos is cut there as before."""
+    from kvlab.engine.tokenizer import BROKEN
+    from kvlab.measure.steps import answer_text
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    text = "가나 龘"  # a character the Korean corpus never saw: its three UTF-8 bytes, a token each
+    ids = tokenizer.encode(text)
+    cut = next(end for end in range(len(ids), 0, -1) if tokenizer.decode(ids[:end]).endswith(BROKEN))
+    assert answer_text(tokenizer, ids[:cut]) == tokenizer.decode(ids[:cut]).rstrip(BROKEN) == "가나 "
+    assert BROKEN not in answer_text(tokenizer, ids[:cut])
+    assert answer_text(tokenizer, ids) == text
+    eos = tokenizer.encode(tokenizer.eos_token)
+    assert answer_text(tokenizer, ids + eos + ids) == text

@@ -56,7 +56,7 @@ def minimind_work(threads: int):
 
     def generation(use_cache):
         def run():
-            model.generate(prompt, max_new_tokens=64, use_cache=use_cache, **steps.GREEDY)
+            model.generate(prompt, max_new_tokens=64, use_cache=use_cache, **steps.GREEDY_NO_EOS)
         return run
 
     return {"with_cache": generation(True), "without_cache": generation(False)}

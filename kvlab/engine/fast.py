@@ -11,7 +11,7 @@ MiniMind's tokens:
   no Python in between (5 µs a call, where a torch.compile'd function's entry costs 40-70 µs). Its
   cache length is symbolic: one program serves every generation, each cache exactly its generation's
   length, and every model of the architecture. The step also returns argmax(logits / temperature),
-  MiniMind's next token when the knobs are plain greedy (kvlab.engine.sampling.plain_greedy), so a
+  MiniMind's next token when the knobs are plain greedy (kvlab.engine.sampling.is_greedy), so a
   greedy generation needs nothing else a step.
 - **torch.compile** (the other plans, and a GPU's "reduce-overhead": CUDA graphs, the step replayed
   as one launch, its inputs at fixed addresses): compiled once per shape (`dynamic=False`), the cache
@@ -199,7 +199,7 @@ class Decoder:
     def decode_step(self, input_ids, attention_mask, past_key_values, use_cache: bool, **knobs):
         """`MiniMindForCausalLM.decode_step`'s contract: the prompt goes through the model's eager modules
         (into this decoder's cache); each later token through the static-shape step. Then the next
-        ids (kvlab.engine.sampling.choose_next: an `aot` step's own greedy choice, or the eager
+        ids (kvlab.engine.sampling.pick: an `aot` step's own greedy choice, or the eager
         choice). Returns (outputs, (B, 1) ids)."""
         greedy = None
         if self.cache.length == 0:
@@ -209,7 +209,7 @@ class Decoder:
             self.token_ids.copy_(input_ids[:, -1:])  # a view of input_ids has a new stride each step
             logits, greedy = self.run_step(knobs["temperature"])
             self.cache.length += 1
-        next_token = sampling.choose_next(logits, input_ids, greedy, **knobs)
+        next_token = sampling.pick(logits, input_ids, **knobs, greedy=greedy)
         return CausalLMOutput(logits=logits[:, None, :], past_key_values=self.cache), next_token
 
     def _prefill(self, input_ids, attention_mask) -> torch.Tensor:

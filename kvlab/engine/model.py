@@ -294,7 +294,7 @@ class MiniMindForCausalLM(nn.Module):
         then choose each row's next token from the last position's logits. Returns (outputs, (B, 1) ids)."""
         outputs = self.forward(input_ids[:, cache_length(past_key_values):], attention_mask, past_key_values,
                                use_cache=use_cache)
-        next_token = sampling.choose_next(outputs.logits[:, -1, :], input_ids, temperature=temperature, top_k=top_k,
+        next_token = sampling.pick(outputs.logits[:, -1, :], input_ids, temperature=temperature, top_k=top_k,
                                           top_p=top_p, repetition_penalty=repetition_penalty, do_sample=do_sample)
         return outputs, next_token
 

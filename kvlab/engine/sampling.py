@@ -91,21 +91,27 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(~top_p_kept(logits, p), float("-inf"))
 
 
-def next_token(logits: torch.Tensor, seen_ids: torch.Tensor | None, *, temperature: float, top_k: int, top_p: float,
-               repetition_penalty: float, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
-    """`generate`'s choice of each row's next token from its last logits (batch, vocab), the knobs in
-    MiniMind's order: temperature, repetition penalty, top-k, top-p, then a draw or the argmax.
+def pick(logits: torch.Tensor, seen_ids: torch.Tensor | None, *, temperature: float, top_k: int, top_p: float,
+         repetition_penalty: float, do_sample: bool, generator: torch.Generator | None = None,
+         greedy: torch.Tensor | None = None) -> torch.Tensor:
+    """`generate`'s next token of each row (batch, 1) from its last logits (batch, vocab), the knobs in
+    MiniMind's order: temperature, repetition penalty, top-k, top-p, then a draw or the argmax. The one
+    call every generation step makes (the model's, the compiled step's, the serving engine's).
     `seen_ids` (batch, length), each row's ids so far, is read only by a repetition penalty (None
-    without one). `generator` is the one the draw uses (see pick_next_token). Every step but the draw
-    treats each row apart: rows chosen together get what each would get alone."""
+    without one). `generator` is the one the draw uses (see draw_or_argmax). `greedy`: where the
+    caller's step already took argmax(logits / temperature) itself (a compiled step), those ids, used
+    where the knobs are `is_greedy`. Every step but the draw treats each row apart: rows picked
+    together get what each would get alone."""
+    if greedy is not None and is_greedy(temperature, top_k, top_p, repetition_penalty, do_sample):
+        return greedy
     logits = apply_temperature(logits, temperature, do_sample)
     logits = apply_repetition_penalty(logits, seen_ids, repetition_penalty)
     logits = top_k_filter(logits, top_k)
     logits = top_p_filter(logits, top_p)
-    return pick_next_token(logits, do_sample, generator)
+    return draw_or_argmax(logits, do_sample, generator)
 
 
-def pick_next_token(logits: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_or_argmax(logits: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from softmax(logits), or take the argmax. Returns (batch, 1).
 
     The draw uses `generator`, or PyTorch's global one when None (as `generate` does, so
@@ -126,11 +132,11 @@ def _numpy_picks(logits: torch.Tensor) -> bool:
     return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64)
 
 
-def greedy_choice(logits: torch.Tensor, temperatures: list[float]) -> list[int]:
-    """Each row's argmax(logits / its temperature) (every temperature > 0): `next_token`'s choice where
-    the knobs are `plain_greedy`, rows of other temperatures in one call. On a CPU in float32 or
+def greedy_pick_rows(logits: torch.Tensor, temperatures: list[float]) -> list[int]:
+    """Each row's argmax(logits / its temperature) (every temperature > 0): `pick`'s choice where
+    the knobs are `is_greedy`, rows of other temperatures in one call. On a CPU in float32 or
     float64 by NumPy (its division rounds as torch's does; its argmax gives torch.argmax's index, see
-    `pick_next_token`), into a buffer kept for the next call; elsewhere row by row, as
+    `draw_or_argmax`), into a buffer kept for the next call; elsewhere row by row, as
     `apply_temperature`."""
     if _numpy_picks(logits):
         values = logits.detach().numpy()
@@ -140,16 +146,16 @@ def greedy_choice(logits: torch.Tensor, temperatures: list[float]) -> list[int]:
     return [int(torch.argmax(row / temperature)) for row, temperature in zip(logits, temperatures)]
 
 
-def greedy_picks(logits: torch.Tensor, temperature: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
-    """argmax(logits / temperature) per row, in torch, where a compiled step makes `plain_greedy`'s choice
+def greedy_pick(logits: torch.Tensor, temperature: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """argmax(logits / temperature) per row, in torch, where a compiled step makes `is_greedy`'s choice
     itself (temperature a tensor of the logits' dtype: one for every row, or one per row (R, 1)). In
-    float32 the quotients are `greedy_choice`'s (one IEEE division each) and the argmax its index."""
+    float32 the quotients are `greedy_pick_rows`'s (one IEEE division each) and the argmax its index."""
     return torch.argmax(logits / temperature, dim=-1, keepdim=keepdim)
 
 
-def greedy_picks_exact(dtype: torch.dtype) -> bool:
-    """Whether `greedy_picks` in this dtype chooses as `greedy_choice` does: float32 and float64; in a
-    narrower type the temperature rounds to it before the division, where `greedy_choice` divides by
+def greedy_pick_exact(dtype: torch.dtype) -> bool:
+    """Whether `greedy_pick` in this dtype chooses as `greedy_pick_rows` does: float32 and float64; in a
+    narrower type the temperature rounds to it before the division, where `greedy_pick_rows` divides by
     the Python float."""
     return dtype in (torch.float32, torch.float64)
 
@@ -167,18 +173,8 @@ def _scratch(shape: tuple[int, ...], dtype) -> np.ndarray:
     return buffer[:size].reshape(shape)
 
 
-def plain_greedy(temperature: float, top_k: int, top_p: float, repetition_penalty: float, do_sample: bool) -> bool:
-    """Whether `next_token` under these knobs is `argmax(logits / temperature)`: no draw, no repetition
+def is_greedy(temperature: float, top_k: int, top_p: float, repetition_penalty: float, do_sample: bool) -> bool:
+    """Whether `pick` under these knobs is `argmax(logits / temperature)`: no draw, no repetition
     penalty, top-k and top-p off (each keeps the largest logit, but at a tie top-p could keep another),
     a temperature above 0. A compiled step makes that choice itself (kvlab.engine.fast)."""
     return not do_sample and repetition_penalty == 1.0 and top_k <= 0 and top_p >= 1.0 and temperature > 0
-
-
-def choose_next(logits: torch.Tensor, seen_ids: torch.Tensor | None, greedy: torch.Tensor | None = None,
-                **knobs) -> torch.Tensor:
-    """A generation step's next ids (batch, 1) from its last logits: `greedy`, the step's own
-    `argmax(logits / temperature)` when it made one and the knobs are `plain_greedy`, else
-    `next_token`'s choice. The one call every generation step makes (the model's and the compiled)."""
-    if greedy is not None and plain_greedy(**knobs):
-        return greedy
-    return next_token(logits, seen_ids, **knobs)

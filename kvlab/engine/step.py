@@ -425,7 +425,7 @@ class GreedyStep(torch.nn.Module):
     padding bias, temperature, the packed weights, each layer's keys, then each layer's values), its
     outputs the logits (B, V) and the greedy choice (B, 1), `argmax(logits / temperature)`: MiniMind's
     next token when it does not sample and no knob but the temperature is set
-    (kvlab.engine.sampling.plain_greedy)."""
+    (kvlab.engine.sampling.is_greedy)."""
 
     def __init__(self, shape: Shape, plan: StepPlan):
         super().__init__()
@@ -435,7 +435,7 @@ class GreedyStep(torch.nn.Module):
         layers = self.shape.layers
         logits = packed_step_logits(token_ids, position, padding_bias, packed, list(cache[:layers]),
                                     list(cache[layers:]), self.shape, self.plan)
-        return logits, sampling.greedy_picks(logits, temperature, keepdim=True)
+        return logits, sampling.greedy_pick(logits, temperature, keepdim=True)
 
 
 def shape_of(model: MiniMindForCausalLM, cache_length: int) -> Shape:

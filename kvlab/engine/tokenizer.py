@@ -24,6 +24,10 @@ CHATML_TEMPLATE = (
 )
 
 
+# What a byte-level tokenizer's decoder gives for bytes that make no whole character (U+FFFD).
+BROKEN = "\ufffd"
+
+
 class TokenizerError(ValueError):
     """A tokenizer folder that cannot be used, with a one-line reason naming it."""
 
@@ -92,6 +96,8 @@ class Tokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """The text of `ids`; bytes that make no whole character (a byte-level piece alone, or a
+        character cut short) decode to U+FFFD (BROKEN)."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def chat_text(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:

@@ -46,7 +46,7 @@ def panel_size(rows: int, inner: int, width: int) -> int:
 
 def greedy_pick(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     """Each row's argmax(logits / its temperature), torch.argmax's index (kvlab.engine.sampling's
-    greedy_picks): logits (R, V) and temperatures (R,), float32 on a CPU; (R,) int64."""
+    greedy_pick): logits (R, V) and temperatures (R,), float32 on a CPU; (R,) int64."""
     return torch.ops.kvlab.greedy_pick(logits, temperatures)
 
 

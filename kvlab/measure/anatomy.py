@@ -52,9 +52,9 @@ STEPS = ("with_cache_cat", "with_cache_static", "without_cache")
 # repeat_kv's reshape is a view instead of a copy, and the copy would call other operators.
 SHRUNK_SIZES = {"hidden_size": 8, "head_dim": 2, "intermediate_size": 8}
 SCOPE = "kvlab::"
-# generate's knobs as steps 1-3 set them (kvlab.measure.steps.GREEDY), generate's own defaults for the rest
+# generate's knobs as steps 1-3 set them (kvlab.measure.steps.GREEDY_NO_EOS), generate's own defaults for the rest
 _GENERATE = inspect.signature(MiniMindForCausalLM.generate).parameters
-GREEDY_KNOBS = {knob: steps.GREEDY.get(knob, _GENERATE[knob].default)
+GREEDY_KNOBS = {knob: steps.GREEDY_NO_EOS.get(knob, _GENERATE[knob].default)
                 for knob in ("temperature", "top_k", "top_p", "repetition_penalty", "do_sample")}
 # The anatomy's rounds run whatever its budget: its quartiles need a few profiled pairs a step.
 ROUNDS_KEPT = 3
@@ -95,7 +95,7 @@ def labelled_parts(*models: MiniMindForCausalLM):
                     module.forward = scoped(module.forward, part)
                     undo.callback(delattr, module, "forward")
         for owner, name, part in ((engine_model, "apply_rope", "rope"), (engine_model, "extend_cache", "cache"),
-                                  (StaticCache, "write", "cache"), (sampling, "next_token", "sampling")):
+                                  (StaticCache, "write", "cache"), (sampling, "pick", "sampling")):
             original = getattr(owner, name)
             setattr(owner, name, scoped(original, part))
             undo.callback(setattr, owner, name, original)
@@ -263,7 +263,7 @@ def _last_step_ids(model, prompt_ids: list[int], new_tokens: int, device) -> tup
     """Step 3's prompt and the first new_tokens - 1 greedy tokens after it: what the lab's last
     generation step attends over. Returns (the (1, S) ids, S)."""
     prompt = steps.prompt_tensor(model, prompt_ids, new_tokens, device)
-    ids = model.generate(prompt, max_new_tokens=new_tokens - 1, use_cache=True, **steps.GREEDY)
+    ids = model.generate(prompt, max_new_tokens=new_tokens - 1, use_cache=True, **steps.GREEDY_NO_EOS)
     return ids, ids.shape[1]
 
 
@@ -386,7 +386,7 @@ def cache_curve(model, prompt_ids: list[int], contexts, warmup: int, repeats: in
         result["compiled"] = _compiled_curve(model, at_context, warmup, repeats, max_seconds, compile_mode, device)
         result["static_over_compiled"] = timing.ratio_interval(result["static"]["steps"][-1],
                                                                result["compiled"]["steps"][-1])
-    greedy = {kv: model.generate(prompt, max_new_tokens=new_tokens, kv_cache=kv, **steps.GREEDY).tolist()
+    greedy = {kv: model.generate(prompt, max_new_tokens=new_tokens, kv_cache=kv, **steps.GREEDY_NO_EOS).tolist()
               for kv in KV_CACHES}
     sampled = {}
     for kv_cache in KV_CACHES:

@@ -48,7 +48,7 @@ def _greedy_run(model, ids: torch.Tensor, mask, rows: int, new_tokens: int) -> d
     the bytes of the cache the last call returned (PP + TG cells a row)."""
     with steps.recording_forward(model) as calls:
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens + 1, num_return_sequences=rows,
-                             use_cache=True, **steps.GREEDY)
+                             use_cache=True, **steps.GREEDY_NO_EOS)
     return {"prefill_s": calls.seconds[0], "decode_s": sum(calls.seconds[1:]), "new_ids": out[:, ids.shape[1]:],
             "cache_bytes": kv_cache_bytes(calls.last_output.past_key_values)}
 

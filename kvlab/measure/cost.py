@@ -13,6 +13,7 @@ from kvlab.engine.device import dtype_name
 from kvlab.engine.model import count_parameters
 from kvlab.measure import capacity, curves, steps
 from kvlab.facts import timing
+from kvlab.facts.budget import Budget
 from kvlab.facts.formulas import MODES, fed_formulas
 
 

@@ -168,7 +168,7 @@ def predicted_generation_s(model, prompt: torch.Tensor, new_tokens: int, use_cac
     scaled with the tokens makes the prediction, if anything, too high."""
     probe = min(PROBE_STEPS, new_tokens)
     with steps.recording_forward(model) as calls:
-        model.generate(prompt, max_new_tokens=probe, use_cache=use_cache, **steps.GREEDY)
+        model.generate(prompt, max_new_tokens=probe, use_cache=use_cache, **steps.GREEDY_NO_EOS)
     if probe == new_tokens or len(calls.seconds) < 2:
         return sum(calls.seconds) * new_tokens / max(len(calls.seconds), 1)
     per_fed = sum(calls.seconds[1:]) / sum(calls.fed_lengths[1:])
@@ -219,7 +219,7 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
         result.setdefault("warmups", {})[label] = warmups
         for _ in range(warmups):  # the last one's seconds plan the runs (or the probe's prediction, with none)
             began = time.perf_counter()
-            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY_NO_EOS)
             warm_s = time.perf_counter() - began
         planned = repeats if warm_s is None else budget.runs(warm_s, repeats, LATENCY_RUNS,
                                                              f"{label} timed generations", len(MODES) - index)
@@ -227,7 +227,7 @@ def step_latency(model, prompt_ids: list[int], new_tokens: int, warmup: int, rep
 
         def generate():
             with steps.recording_forward(model) as calls:
-                model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY)
+                model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **steps.GREEDY_NO_EOS)
             runs[label].append(calls)
 
         usage = timing.empty_usage()

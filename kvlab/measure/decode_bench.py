@@ -141,14 +141,14 @@ def path_generators(model, minimind_model, plan: fast.StepPlan, extra_plans: dic
     """Per path, a function (prompt, new_tokens) -> ids of a greedy generation. "compiled" is
     `kvlab.engine.fast.generate` with `plan` (the users' call when it is the default plan)."""
     def with_cache(kv_cache):
-        return lambda prompt, n: model.generate(prompt, max_new_tokens=n, kv_cache=kv_cache, **steps.GREEDY)
+        return lambda prompt, n: model.generate(prompt, max_new_tokens=n, kv_cache=kv_cache, **steps.GREEDY_NO_EOS)
 
     def with_plan(step_plan):
-        return lambda prompt, n: fast.generate(model, prompt, max_new_tokens=n, plan=step_plan, **steps.GREEDY)
+        return lambda prompt, n: fast.generate(model, prompt, max_new_tokens=n, plan=step_plan, **steps.GREEDY_NO_EOS)
 
     paths = {"cat": with_cache("cat"), "static": with_cache("static"), "compiled": with_plan(plan)}
     if minimind_model is not None:
-        paths["minimind"] = lambda prompt, n: minimind_model.generate(prompt, max_new_tokens=n, **steps.GREEDY)
+        paths["minimind"] = lambda prompt, n: minimind_model.generate(prompt, max_new_tokens=n, **steps.GREEDY_NO_EOS)
     for name, step_plan in extra_plans.items():
         paths[f"plan:{name}"] = with_plan(step_plan)
     return paths
@@ -307,7 +307,7 @@ def operator_calls(model, prompt_ids: list[int], plans: dict, device="cpu") -> d
         for name, plan in plans.items():
             if plan.compile_mode is not None:
                 raise ValueError(f"operator_calls: plan {name!r} is compiled; count eager plans only")
-            fast.generate(model, prompt, max_new_tokens=2, plan=plan, **steps.GREEDY)  # fills its Decoder's cache
+            fast.generate(model, prompt, max_new_tokens=2, plan=plan, **steps.GREEDY_NO_EOS)  # fills its Decoder's cache
             decoder = fast.decoder_for(model, 1, prompt.shape[1] + 1, plan)
             counts[name] = _calls_in(decoder.run_step)
     return counts
@@ -315,7 +315,7 @@ def operator_calls(model, prompt_ids: list[int], plans: dict, device="cpu") -> d
 
 def _eager_step(model, prompt, kv_cache: str, device):
     """The model's own decode step after `prompt`, its cache holding all but the last token."""
-    knobs = {knob: value for knob, value in steps.GREEDY.items() if knob != "eos_token_id"}
+    knobs = {knob: value for knob, value in steps.GREEDY_NO_EOS.items() if knob != "eos_token_id"}
     knobs |= {"temperature": 1.0, "repetition_penalty": 1.0}
     held = prompt.shape[1] - 1
     if kv_cache == "cat":

@@ -23,14 +23,12 @@ import torch
 from kvlab.engine.device import dtype_name
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.engine.config import BYTES_PER_ELEMENT
-from kvlab.engine.tokenizer import Tokenizer
+from kvlab.engine.tokenizer import BROKEN, Tokenizer
 from kvlab.facts.formulas import MODES
 from kvlab.measure import steps
 
 log = logging.getLogger("kvlab")
 
-# Where a token's text is not a whole character on its own (a byte-level piece): what stands for it.
-BROKEN = "\ufffd"
 
 
 def token_pieces(tokenizer: Tokenizer, ids: list[int]) -> list[str]:

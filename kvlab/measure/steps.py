@@ -14,12 +14,12 @@ from kvlab.engine.device import dtype_name, timing_context
 from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
 from kvlab.engine import sampling
 from kvlab.engine.sampling import top_p_kept
-from kvlab.engine.tokenizer import Tokenizer
+from kvlab.engine.tokenizer import BROKEN, Tokenizer
 from kvlab.facts import timing
 from kvlab.facts.formulas import MODES
 
 # Greedy decoding with every knob off, as the lab sheet asks for steps 1-3.
-GREEDY = {**sampling.GREEDY, "eos_token_id": None}
+GREEDY_NO_EOS = {**sampling.GREEDY, "eos_token_id": None}
 
 
 @dataclass
@@ -81,7 +81,7 @@ def prompt_tensor(model: MiniMindForCausalLM, prompt_ids: list[int], new_tokens:
 def greedy_new_ids(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> list[int]:
     """Step 1's generation: greedy, every knob off, no eos; the new ids of the (only) row.
     `model` is anything with MiniMind's `generate` (kvlab's engine, or MiniMind's own code)."""
-    out = model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+    out = model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY_NO_EOS)
     return out[0, prompt.shape[1]:].tolist()
 
 
@@ -195,7 +195,7 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
     samples, usage = {}, {}
     for label, use_cache in MODES:
         def run():
-            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY)
+            model.generate(prompt, max_new_tokens=new_tokens, use_cache=use_cache, **GREEDY_NO_EOS)
             sync(device)
 
         for _ in range(warmup):
@@ -239,8 +239,13 @@ def measure_kv_bytes(model: MiniMindForCausalLM, tokens: int, seed: int, device)
 
 
 def answer_text(tokenizer: Tokenizer, new_ids: list[int]) -> str:
-    """Decode an answer and cut it before the first eos (<|im_end|>)."""
-    return tokenizer.decode(new_ids).split(tokenizer.eos_token)[0]
+    """Decode an answer and cut it before the first eos (<|im_end|>). An answer the token limit cut
+    (no eos) may end inside a character, its last bytes never drawn: that character is left out, not
+    shown as U+FFFD."""
+    text = tokenizer.decode(new_ids)
+    if tokenizer.eos_token in text:
+        return text.split(tokenizer.eos_token)[0]
+    return text.rstrip(BROKEN)
 
 
 def chat_prompt(tokenizer: Tokenizer, question: str) -> tuple[str, list[int]]:

@@ -23,7 +23,7 @@ from kvlab.present.drawing import drawing, save
 from kvlab.present.i18n import N_
 
 POLICY_STYLES = {"static": ("tab:red", "s"), "continuous": ("tab:blue", "o")}
-# serve_bench's servers (kvlab.measure.serve_bench.SERVERS)
+# serve_bench's servers (kvlab.measure.serving_bench.SERVERS)
 SERVER_STYLES = {**POLICY_STYLES, "eager": ("tab:gray", "^")}
 # A run whose process had the CPU for less of its steps' time than this waited for it (pyperf warns so).
 WAITED_BELOW = 0.9

@@ -26,9 +26,11 @@ from dataclasses import fields
 from pathlib import Path
 
 from kvlab.config import DEFAULT_INPUTS
+from kvlab.server.serving_thread import RECENT_STEPS
 from kvlab.serving import ServingConfig
 
-DEFAULTS = {field.name: field.default for field in fields(ServingConfig)}
+# the engine's knobs a command-line option sets (its step records: the live page's, RECENT_STEPS)
+DEFAULTS = {field.name: field.default for field in fields(ServingConfig) if field.name != "step_records"}
 # How often the drain looks whether the running requests have ended.
 DRAIN_POLL_S = 0.02
 log = logging.getLogger("kvlab.server")
@@ -104,7 +106,7 @@ def load(args):
     mismatch = vocab_mismatch(tokenizer.vocab_size, model.config.vocab_size)
     if mismatch:
         raise ValueError(f"--tokenizer {tokenizer_dir} does not belong to --checkpoint {checkpoint}: {mismatch}")
-    config = ServingConfig(**{knob: getattr(args, knob) for knob in DEFAULTS})
+    config = ServingConfig(**{knob: getattr(args, knob) for knob in DEFAULTS}, step_records=RECENT_STEPS)
     engine = ServingEngine(model, config)
     seconds = engine.warm_up()  # ready before the first request, not at its first token
     if engine.compiled:

@@ -27,7 +27,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from kvlab.serving import RequestUpdate, SamplingParams, ServingEngine
@@ -37,7 +36,7 @@ from kvlab.server.protocol import FINISH_REASONS
 
 log = logging.getLogger("kvlab.server")
 
-RECENT_STEPS = 64  # the step records the live page shows
+RECENT_STEPS = 64  # the step records the live page shows (the engine `kvlab serve` starts keeps no more)
 
 
 class Overloaded(Exception):
@@ -112,7 +111,6 @@ class ServingThread:
         self._drain_deadline: float | None = None
         self._live: dict[int, RequestStream] = {}  # by engine request id (engine thread only)
         self._preemptions_seen = 0
-        self._recent_steps: deque = deque(maxlen=RECENT_STEPS)
         self.steps = 0
         self.failed: str | None = None  # the engine's last error, if a step raised
         self.state = self._snapshot()
@@ -232,8 +230,6 @@ class ServingThread:
         if done.record is None:
             return  # a wait for an arrival: nothing ran
         self.steps += 1
-        self._recent_steps.extend(self.engine.stats.steps)
-        self.engine.stats.steps.clear()  # a server steps for ever: the record is read, then dropped
         preemptions = self.engine.stats.preemptions
         self.metrics.preemptions.inc(preemptions - self._preemptions_seen)
         self._preemptions_seen = preemptions
@@ -291,6 +287,11 @@ class ServingThread:
         del self._live[stream.request_id]
         self.engine.forget(stream.request_id)
 
+    def recent_steps(self) -> list:
+        """The engine's last RECENT_STEPS step records (it keeps at most its config's step_records)."""
+        steps = self.engine.stats.steps
+        return [steps[index] for index in range(max(0, len(steps) - RECENT_STEPS), len(steps))]
+
     def _snapshot(self) -> dict:
         """The engine's state after a round, for the gauges and GET /state (read by the event loop)."""
         engine, pool = self.engine, self.engine.pool
@@ -313,5 +314,5 @@ class ServingThread:
                           "blocks": sum(len(row.block_table) for row in request.rows)}
                          for request in (*scheduler.running, *scheduler.waiting)],
             "recent_steps": [{"step": s.step, "prefill": s.prefill_tokens, "decode": s.decode_tokens,
-                              "running": s.running, "blocks": s.blocks_in_use} for s in self._recent_steps],
+                              "running": s.running, "blocks": s.blocks_in_use} for s in self.recent_steps()],
         }

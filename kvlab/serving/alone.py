@@ -2,7 +2,7 @@
 
 The engine serves a request among others, in pieces, through a paged cache and a compiled step; a
 user of `generate` runs it alone. `generate_alone` is that run, so that the engine's tests, the trace
-rule (kvlab.measure.serve_trace) and tools/serve_demo.py compare the same thing.
+rule (kvlab.measure.serving_trace) and tools/serve_demo.py compare the same thing.
 """
 
 from __future__ import annotations

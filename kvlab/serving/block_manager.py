@@ -19,13 +19,9 @@ prompt) to write its own tokens after.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvlab.serving.block_pool import BlockPool
-from kvlab.serving.request import Request
-
-if TYPE_CHECKING:
-    from kvlab.serving.scheduler import Piece
+from kvlab.serving.request import Piece, Request
 
 
 @dataclass

@@ -51,10 +51,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -112,9 +112,20 @@ def ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group, np.arange(len(group)) - (np.cumsum(counts) - counts)[group]
 
 
-def step_rows(pieces: list[tuple[list[int], int, list[int], bool]], block_size: int, scratch_block: int,
+class RowInput(NamedTuple):
+    """What one row of a piece (kvlab.serving.request.Piece, kvlab.serving.runner.PieceInput) feeds the
+    step: its token ids at positions start, start + 1, ..., the blocks of its table, and whether its
+    last logits are wanted (a draw follows)."""
+
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    wants_logits: bool
+
+
+def step_rows(pieces: list[RowInput], block_size: int, scratch_block: int,
               device, temperatures: list[float] | None = None, dtype: torch.dtype = torch.float32) -> StepRows:
-    """The rows of a step's pieces, each (token ids, start, block table, wants its last logits): one row
+    """The rows of a step's pieces (a RowInput each): one row
     per position a piece feeds, at start, start + 1, ...; every row reads the blocks of its table up to
     its own position; `temperatures`, one per piece that wants logits (else 1), in `dtype`, the
     logits'. A step of one row gets a second on the scratch block; a step that wants one row's
@@ -198,7 +209,7 @@ def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pane
     """`step_logits` on the packed weights (what is compiled: the weights one input, not forty); with
     the C++ operators (`native`), the products by kvlab::linear on the weights' `panels` (None without
     them; `panel_width` columns a panel: PackedWeights.panels).
-    Returns the logits and each logit row's greedy pick (kvlab.engine.sampling.greedy_picks at its
+    Returns the logits and each logit row's greedy pick (kvlab.engine.sampling.greedy_pick at its
     temperature; with the C++ operators, kvlab::greedy_pick), made while the logits are in the cache.
     The pool's tensors are one size, said once (a symbolic size each would be one more to hand over
     every call), as are the logit rows and their temperatures."""
@@ -212,11 +223,11 @@ def packed_step_logits(per_row, per_pair, logit_rows, temperatures, packed, pane
 
 
 def step_picks(logits: torch.Tensor, temperatures: torch.Tensor, native: bool) -> torch.Tensor:
-    """Each logit row's greedy pick at its temperature (kvlab.engine.sampling.greedy_picks); with the C++
+    """Each logit row's greedy pick at its temperature (kvlab.engine.sampling.greedy_pick); with the C++
     operators (`native`), the same picks by kvlab::greedy_pick, which divides few logits."""
     if native:
         return ops.greedy_pick(logits, temperatures)
-    return sampling.greedy_picks(logits, temperatures[:, None])
+    return sampling.greedy_pick(logits, temperatures[:, None])
 
 
 def compile_ahead(rows: StepRows, inputs: tuple):
@@ -275,11 +286,11 @@ class CompiledStep:
         return True
 
     @torch.inference_mode()
-    def __call__(self, pieces: list[tuple[list[int], int, list[int], bool]],
+    def __call__(self, pieces: list[RowInput],
                  temperatures: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The last logits of each piece that wants them, (R, V) in the pieces' order (see `step_rows`),
         and each one's greedy pick (R) at its `temperatures` entry (1 if not given), None where those
-        picks are not `greedy_choice`'s (kvlab.engine.sampling.greedy_picks_exact); every piece's K and
+        picks are not `greedy_pick_rows`'s (kvlab.engine.sampling.greedy_pick_exact); every piece's K and
         V written into its blocks."""
         wanted = sum(wants for *_, wants in pieces)
         rows = step_rows(pieces, self.pool.block_size, self.pool.scratch_block, self.device, temperatures,
@@ -315,5 +326,5 @@ class CompiledStep:
         return program
 
     def exact(self, picks: torch.Tensor) -> torch.Tensor | None:
-        """The picks, where in the logits' dtype they are `greedy_choice`'s; else None."""
-        return picks if sampling.greedy_picks_exact(self.weights.packed.dtype) else None
+        """The picks, where in the logits' dtype they are `greedy_pick_rows`'s; else None."""
+        return picks if sampling.greedy_pick_exact(self.weights.packed.dtype) else None

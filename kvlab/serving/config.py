@@ -35,6 +35,9 @@ class ServingConfig:
     compile                 every row that feeds one token (decoding) goes through one compiled step,
                             all requests together (kvlab.serving.decode_step); False: every piece eager
                             (as vLLM's enforce_eager)
+    step_records            the step records the engine keeps (EngineStats.steps): the last so many, None
+                            for every one (a run of a trace reads them all; a server, stepping for ever,
+                            keeps a few); its counts cover every step either way
     """
 
     num_blocks: int = 256
@@ -46,12 +49,15 @@ class ServingConfig:
     policy: str = "continuous"
     matmuls: str = "per_request"
     compile: bool = True
+    step_records: int | None = None
 
     def __post_init__(self):
         for knob in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, knob)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ServingConfig.{knob} must be a whole number >= 1, got {value!r}")
+        if self.step_records is not None and (not isinstance(self.step_records, int) or self.step_records < 1):
+            raise ValueError(f"ServingConfig.step_records must be None or a whole number >= 1, got {self.step_records!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"ServingConfig.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.matmuls not in MATMULS:

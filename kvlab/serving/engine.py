@@ -34,8 +34,9 @@ from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.block_pool import BlockPool, prefix_hashes
 from kvlab.serving.config import ServingConfig
 from kvlab.serving.request import Request, RequestOutput, SamplingParams, State
-from kvlab.serving.runner import Chunk, ModelRunner
-from kvlab.serving.scheduler import Piece, Schedule, Scheduler
+from kvlab.serving.runner import PieceInput, ModelRunner
+from kvlab.serving.request import Piece
+from kvlab.serving.scheduler import Schedule, Scheduler
 from kvlab.serving.stats import EngineStats, StepRecord
 
 
@@ -89,7 +90,7 @@ class ServingEngine:
         self.blocks = BlockManager(self.pool, self.config.prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks)
         self.runner = ModelRunner(model, self.pool, self.config.matmuls, self.config.compile)
-        self.stats = EngineStats(self.config.max_num_seqs, self.config.num_blocks)
+        self.stats = EngineStats(self.config.max_num_seqs, self.config.num_blocks, self.config.step_records)
         self.requests: list[Request | None] = []  # by id; None once forgotten
         self.clock = 0  # the step index: one per forward step, and one per tick spent waiting for an arrival
         self.started: float | None = None  # perf_counter of the first step; arrival_s counts from it
@@ -181,22 +182,22 @@ class ServingEngine:
         updates: dict[int, RequestUpdate] = {}
         self.note_schedule(plan, updates)
         blocks_in_use = self.pool.num_used
-        chunks, drawing, offset, useful_slots = [], [], 0, 0
+        inputs, drawing, offset, useful_slots = [], [], 0, 0
         for piece in plan.pieces:  # whether each draws: known before the draws move each request's end
             request = piece.request
             drew = piece.draws
-            chunks.append(self.chunk(piece, drew))
+            inputs.append(self.piece_input(piece, drew))
             if drew:
                 useful_slots += request.unfinished_rows
                 drawing.append((request, list(range(offset, offset + len(piece.rows)))))
                 offset += len(piece.rows)
         forward_began = time.perf_counter()
-        logits, picks = self.runner.forward(chunks)
+        logits, picks = self.runner.forward(inputs)
         forward_s = time.perf_counter() - forward_began
         fed = {"prefill": 0, "decode": 0}
         for piece in plan.pieces:
             self.count_fed(piece, fed)
-            self.cached(piece)
+            self.mark_computed(piece)
         self.draw(logits, picks, drawing, updates)
         for request, _ in drawing:
             if not request.unfinished_rows or request.num_new == request.params.max_tokens:
@@ -208,7 +209,7 @@ class ServingEngine:
                             len(self.scheduler.running), len(self.scheduler.waiting), schedule_s=scheduled - began,
                             forward_s=forward_s, step_s=ended - began - hook_s,
                             cpu_s=time.thread_time() - began_cpu - hook_s)
-        self.stats.steps.append(record)
+        self.stats.record(record)
         self.clock += 1
         return StepOutput(list(updates.values()), record)
 
@@ -265,17 +266,17 @@ class ServingEngine:
 
     # --- one piece -------------------------------------------------------------------------------
 
-    def chunk(self, piece: Piece, draws: bool) -> Chunk:
+    def piece_input(self, piece: Piece, draws: bool) -> PieceInput:
         """What the piece feeds; a plain greedy request's temperature goes with it (the compiled step's pick)."""
         request, start = piece.request, piece.start
         params = request.params
-        temperature = params.temperature if draws and params.plain_greedy else 1.0
+        temperature = params.temperature if draws and params.is_greedy else 1.0
         if piece.rows == [0]:  # one row (most pieces): without the comprehensions
-            return Chunk([request.token_ids(0, start, piece.end)], start, [request.rows[0].block_table],
-                         draws, temperature)
+            return PieceInput([request.token_ids(0, start, piece.end)], start, [request.rows[0].block_table],
+                              draws, temperature)
         ids = [request.token_ids(row, start, piece.end) for row in piece.rows]
         tables = [request.rows[row].block_table for row in piece.rows]
-        return Chunk(ids, start, tables, draws, temperature)
+        return PieceInput(ids, start, tables, draws, temperature)
 
     def count_fed(self, piece: Piece, fed: dict) -> None:
         """Split a piece's positions: prompt or computed again (prefill), new (decode); count the recomputed."""
@@ -292,7 +293,7 @@ class ServingEngine:
         request.recomputed_tokens += again * rows
         self.stats.recomputed_tokens += again * rows
 
-    def cached(self, piece: Piece) -> None:
+    def mark_computed(self, piece: Piece) -> None:
         """After the forward: the piece's positions are cached, its full prompt blocks enter the prefix
         cache, and a shared prompt that ended forks into its rows."""
         request = piece.request
@@ -309,11 +310,11 @@ class ServingEngine:
         shared prompt just ended has one row, which serves every sample), chosen as `generate` chooses
         (its knobs in MiniMind's order): a sampled request's rows in one call with its own generator (or
         the global one), as `generate` draws its rows; the plain greedy requests' rows
-        (kvlab.engine.sampling.plain_greedy: argmax(logits / temperature)) in one call for all, whatever
+        (kvlab.engine.sampling.is_greedy: argmax(logits / temperature)) in one call for all, whatever
         their temperatures; other greedy requests with the same knobs and no repetition penalty in one
         call for all their rows. Greedy choices draw nothing at random and treat each row apart. The
         plain greedy rows take the compiled step's `picks` (the same division and argmax, made in the
-        step) where it gives them (kvlab.engine.sampling.greedy_picks_exact), else NumPy or torch choose
+        step) where it gives them (kvlab.engine.sampling.greedy_pick_exact), else NumPy or torch choose
         here."""
         plain: list[tuple[Request, list[int]]] = []
         groups: dict[tuple, list[tuple[Request, list[int]]]] = {}
@@ -323,13 +324,13 @@ class ServingEngine:
             if self.on_draw is not None:
                 self.on_draw(request.request_id, logits[rows])
             params = request.params
-            if params.plain_greedy:
+            if params.is_greedy:
                 plain.append((request, rows))
             elif not params.do_sample and params.repetition_penalty == 1.0:
                 groups.setdefault(params.knob_key, []).append((request, rows))
             else:
                 seen = torch.tensor([request.prompt + row.new_tokens for row in request.rows], device=logits.device)
-                tokens = sampling.next_token(logits[rows], seen, **params.knobs(), generator=request.generator)
+                tokens = sampling.pick(logits[rows], seen, **params.knobs(), generator=request.generator)
                 self.take(request, tokens[:, 0].tolist(), updates)
         if plain:
             rows = [row for _, request_rows in plain for row in request_rows]
@@ -338,13 +339,13 @@ class ServingEngine:
                 tokens = picked if rows == list(range(len(picked))) else [picked[row] for row in rows]
             else:
                 chosen = logits if rows == list(range(logits.shape[0])) else logits[rows]
-                tokens = sampling.greedy_choice(chosen, [request.params.temperature for request, request_rows in plain
+                tokens = sampling.greedy_pick_rows(chosen, [request.params.temperature for request, request_rows in plain
                                                          for _ in request_rows])
             self.take_each(plain, tokens, updates)
         for group in groups.values():
             rows = [row for _, request_rows in group for row in request_rows]
             chosen = logits if rows == list(range(logits.shape[0])) else logits[rows]
-            self.take_each(group, sampling.next_token(chosen, None, **group[0][0].params.knobs())[:, 0].tolist(), updates)
+            self.take_each(group, sampling.pick(chosen, None, **group[0][0].params.knobs())[:, 0].tolist(), updates)
 
     def take_each(self, drawn: list[tuple[Request, list[int]]], tokens: list[int],
                   updates: dict[int, RequestUpdate]) -> None:

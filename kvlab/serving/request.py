@@ -72,12 +72,12 @@ class SamplingParams:
         return tuple(self.knobs().items())
 
     @cached_property
-    def plain_greedy(self) -> bool:
-        """Whether the next token is argmax(logits / temperature) (kvlab.engine.sampling.plain_greedy)."""
-        return sampling.plain_greedy(**self.knobs())
+    def is_greedy(self) -> bool:
+        """Whether the next token is argmax(logits / temperature) (kvlab.engine.sampling.is_greedy)."""
+        return sampling.is_greedy(**self.knobs())
 
     def knobs(self) -> dict:
-        """The keyword arguments of kvlab.engine.sampling.next_token."""
+        """The keyword arguments of kvlab.engine.sampling.pick."""
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                     repetition_penalty=self.repetition_penalty, do_sample=self.do_sample)
 
@@ -217,3 +217,26 @@ class RequestOutput:
         """Time per output token after the first, vLLM's (latency - TTFT) / (tokens - 1)."""
         draws = sum(event.kind in ("first_token", "token") for event in self.events)
         return None if draws < 2 else (self.latency_s - self.ttft_s) / (draws - 1)
+
+
+@dataclass(slots=True)
+class Piece:
+    """What a request feeds in one step: `length` positions from `start` of each of `rows`
+    (row 0 alone while its prompt is shared, all rows after). `end` and `tokens` (what it costs of
+    the step's budget) are set with it: a step reads them several times for each of its pieces."""
+
+    request: Request
+    start: int
+    length: int
+    rows: list[int]
+    end: int = field(init=False)
+    tokens: int = field(init=False)
+
+    def __post_init__(self):
+        self.end = self.start + self.length
+        self.tokens = self.length * len(self.rows)
+
+    @property
+    def draws(self) -> bool:
+        """Whether it reaches the last known token, so the step draws the next."""
+        return self.end == self.request.num_known

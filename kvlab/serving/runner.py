@@ -27,13 +27,13 @@ import torch
 
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.serving.block_pool import BlockPool
-from kvlab.serving.compiled_step import CompiledStep
+from kvlab.serving.compiled_step import CompiledStep, RowInput
 from kvlab.serving.paged_attention import block_index, paged_attention, slot_ids
 
 
 @dataclass
-class Chunk:
-    """What one request feeds in a step: `token_ids` (one list per row, each T long) at positions
+class PieceInput:
+    """A piece (kvlab.serving.request.Piece) as the model runner takes it: `token_ids` (one list per row, each T long) at positions
     start .. start + T - 1 of each row, whose blocks are `tables` (one per row); `wants_logits` when a
     draw follows, and `temperature`, at which the compiled step makes its greedy pick of each row (the
     request's, when its knobs are plain greedy)."""
@@ -58,11 +58,11 @@ class Chunk:
 
 
 @dataclass
-class EagerChunk:
-    """A chunk as the eager way feeds it: its ids (R, T), its RoPE rows (T, D), the slots it writes
+class EagerInput:
+    """A piece's input as the eager way feeds it: its ids (R, T), its RoPE rows (T, D), the slots it writes
     (R, T) and the blocks of every position it reads (R, blocks)."""
 
-    chunk: Chunk
+    piece: PieceInput
     ids: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
@@ -78,43 +78,43 @@ class ModelRunner:
         self.fused = matmuls == "fused"
         self.compiled = CompiledStep(model, pool) if compile else None
 
-    def forward(self, chunks: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed every chunk; returns the last logits of every row of the chunks that want them, (R, V),
-        chunk after chunk, and the compiled step's greedy pick of each (R) at its chunk's temperature
-        (None the eager way, and where the picks are not `greedy_choice`'s)."""
+    def forward(self, inputs: list[PieceInput]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed every piece's input; returns the last logits of every row of the inputs that want them, (R, V),
+        input after input, and the compiled step's greedy pick of each (R) at its input's temperature
+        (None the eager way, and where the picks are not `greedy_pick_rows`'s)."""
         if self.compiled is None:
             with torch.inference_mode():
-                wanted = [logits for logits in self.eager(chunks) if logits is not None]
+                wanted = [logits for logits in self.eager(inputs) if logits is not None]
             return (torch.cat(wanted) if wanted else torch.empty(0, self.model.config.vocab_size)), None
-        return self.compiled([(ids, chunk.start, table, chunk.wants_logits)
-                              for chunk in chunks for ids, table in zip(chunk.token_ids, chunk.tables)],
-                             [chunk.temperature for chunk in chunks if chunk.wants_logits for _ in chunk.tables])
+        return self.compiled([RowInput(ids, piece.start, table, piece.wants_logits)
+                              for piece in inputs for ids, table in zip(piece.token_ids, piece.tables)],
+                             [piece.temperature for piece in inputs if piece.wants_logits for _ in piece.tables])
 
     # --- the eager way ---------------------------------------------------------------------------
 
-    def eager(self, chunks: list[Chunk]) -> list[torch.Tensor | None]:
+    def eager(self, inputs: list[PieceInput]) -> list[torch.Tensor | None]:
         inner = self.model.model
-        placed = [self.place(chunk) for chunk in chunks]
+        placed = [self.place(piece) for piece in inputs]
         hidden = [inner.embed_tokens(place.ids) for place in placed]  # (R, T, C) each
         for index, layer in enumerate(inner.layers):
             hidden = self.layer(index, layer, hidden, placed)
-        return self.logits(hidden, chunks)
+        return self.logits(hidden, inputs)
 
-    def place(self, chunk: Chunk) -> EagerChunk:
-        """What every layer needs of a chunk: its ids, RoPE rows, the slots it writes, the blocks it reads."""
-        inner, size, end = self.model.model, self.pool.block_size, chunk.end
+    def place(self, piece: PieceInput) -> EagerInput:
+        """What every layer needs of a piece's input: its ids, RoPE rows, the slots it writes, the blocks it reads."""
+        inner, size, end = self.model.model, self.pool.block_size, piece.end
         device = self.model.lm_head.weight.device
-        return EagerChunk(chunk, torch.tensor(chunk.token_ids, device=device), inner.freqs_cos[chunk.start:end],
-                          inner.freqs_sin[chunk.start:end], slot_ids(chunk.tables, chunk.start, end, size),
-                          block_index(chunk.tables, end, size))
+        return EagerInput(piece, torch.tensor(piece.token_ids, device=device), inner.freqs_cos[piece.start:end],
+                          inner.freqs_sin[piece.start:end], slot_ids(piece.tables, piece.start, end, size),
+                          block_index(piece.tables, end, size))
 
-    def layer(self, index: int, layer, hidden: list[torch.Tensor], placed: list[EagerChunk]) -> list[torch.Tensor]:
-        """One Block of MiniMind over every chunk: attention through the pool, then the MLP, each added back."""
+    def layer(self, index: int, layer, hidden: list[torch.Tensor], placed: list[EagerInput]) -> list[torch.Tensor]:
+        """One Block of MiniMind over every piece's input: attention through the pool, then the MLP, each added back."""
         attn = layer.self_attn
         normed = self.rowwise(layer.input_layernorm, hidden)
         queries, keys, values = (self.rowwise(proj, normed) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         pool_k, pool_v = self.pool.keys[index], self.pool.values[index]
-        mixed = [paged_attention(attn, q, k, v, place.cos, place.sin, pool_k, pool_v, place.chunk.start, place.slots,
+        mixed = [paged_attention(attn, q, k, v, place.cos, place.sin, pool_k, pool_v, place.piece.start, place.slots,
                                  place.blocks)
                  for q, k, v, place in zip(queries, keys, values, placed)]
         hidden = [out + h for out, h in zip(self.rowwise(attn.o_proj, mixed), hidden)]
@@ -130,11 +130,11 @@ class ModelRunner:
         sizes = [x.shape[0] * x.shape[1] for x in inputs]
         return [part.view(*x.shape[:2], -1) for part, x in zip(out.split(sizes), inputs)]
 
-    def logits(self, hidden: list[torch.Tensor], chunks: list[Chunk]) -> list[torch.Tensor | None]:
-        """Each wanting chunk's last-position logits (R, V)."""
+    def logits(self, hidden: list[torch.Tensor], inputs: list[PieceInput]) -> list[torch.Tensor | None]:
+        """Each wanting input's last-position logits (R, V)."""
         inner, head = self.model.model, self.model.lm_head
-        wanting = [i for i, c in enumerate(chunks) if c.wants_logits]
-        result: list[torch.Tensor | None] = [None] * len(chunks)
+        wanting = [i for i, c in enumerate(inputs) if c.wants_logits]
+        result: list[torch.Tensor | None] = [None] * len(inputs)
         if not self.fused:
             for i in wanting:
                 result[i] = head(inner.norm(hidden[i]))[:, -1, :]  # every position, as generate computes them
@@ -142,6 +142,6 @@ class ModelRunner:
         if wanting:
             last = torch.cat([hidden[i][:, -1, :] for i in wanting]).unsqueeze(0)  # (1, rows, C)
             out = head(inner.norm(last))[0]
-            for i, part in zip(wanting, out.split([chunks[i].rows for i in wanting])):
+            for i, part in zip(wanting, out.split([inputs[i].rows for i in wanting])):
                 result[i] = part
         return result

@@ -29,30 +29,7 @@ from dataclasses import dataclass, field
 
 from kvlab.serving.block_manager import Admission, BlockManager
 from kvlab.serving.config import ServingConfig
-from kvlab.serving.request import Request, State
-
-
-@dataclass(slots=True)
-class Piece:
-    """What a request feeds in one step: `length` positions from `start` of each of `rows`
-    (row 0 alone while its prompt is shared, all rows after). `end` and `tokens` (what it costs of
-    the step's budget) are set with it: a step reads them several times for each of its pieces."""
-
-    request: Request
-    start: int
-    length: int
-    rows: list[int]
-    end: int = field(init=False)
-    tokens: int = field(init=False)
-
-    def __post_init__(self):
-        self.end = self.start + self.length
-        self.tokens = self.length * len(self.rows)
-
-    @property
-    def draws(self) -> bool:
-        """Whether it reaches the last known token, so the step draws the next."""
-        return self.end == self.request.num_known
+from kvlab.serving.request import Piece, Request, State
 
 
 @dataclass

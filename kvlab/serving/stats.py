@@ -11,6 +11,7 @@ steps each policy took to answer them.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -39,9 +40,21 @@ class StepRecord:
 
 @dataclass
 class EngineStats:
+    """The engine's counts, each over every step it ran, and its step records: every one, or the last
+    `keep_steps` (a server steps for ever: ServingConfig.step_records bounds what it keeps). The
+    engine adds each step with `record`."""
+
     max_num_seqs: int
     num_blocks: int
-    steps: list[StepRecord] = field(default_factory=list)
+    keep_steps: int | None = None
+    steps: deque[StepRecord] = field(init=False)
+    forward_steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    max_tokens_per_step: int = 0
+    useful_slot_steps: int = 0
+    peak_blocks_in_use: int = 0
+    block_steps: int = 0  # the blocks in use, summed over the steps
     idle_steps: int = 0  # clock ticks with nothing to run (waiting for an arrival)
     preemptions: int = 0
     recomputed_tokens: int = 0  # positions fed again, after a preemption had taken their blocks
@@ -50,40 +63,34 @@ class EngineStats:
     blocks_saved_by_sharing: int = 0  # table entries served by a block another table held already
     wall_s: float = 0.0
 
-    @property
-    def forward_steps(self) -> int:
-        return len(self.steps)
+    def __post_init__(self):
+        self.steps = deque(maxlen=self.keep_steps)
 
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(s.prefill_tokens for s in self.steps)
-
-    @property
-    def decode_tokens(self) -> int:
-        return sum(s.decode_tokens for s in self.steps)
-
-    @property
-    def peak_blocks_in_use(self) -> int:
-        return max((s.blocks_in_use for s in self.steps), default=0)
+    def record(self, step: StepRecord) -> None:
+        """A step ran: counted, and its record kept (the oldest dropped past `keep_steps`)."""
+        self.steps.append(step)
+        self.forward_steps += 1
+        self.prefill_tokens += step.prefill_tokens
+        self.decode_tokens += step.decode_tokens
+        self.max_tokens_per_step = max(self.max_tokens_per_step, step.prefill_tokens + step.decode_tokens)
+        self.useful_slot_steps += step.useful_slots
+        self.peak_blocks_in_use = max(self.peak_blocks_in_use, step.blocks_in_use)
+        self.block_steps += step.blocks_in_use
 
     @property
     def mean_blocks_in_use(self) -> float:
-        return sum(s.blocks_in_use for s in self.steps) / max(1, len(self.steps))
-
-    @property
-    def useful_slot_steps(self) -> int:
-        return sum(s.useful_slots for s in self.steps)
+        return self.block_steps / max(1, self.forward_steps)
 
     @property
     def slot_utilisation(self) -> float:
-        return self.useful_slot_steps / max(1, self.max_num_seqs * len(self.steps))
+        return self.useful_slot_steps / max(1, self.max_num_seqs * self.forward_steps)
 
     def summary(self) -> dict:
         """Every counter as a flat dict (what the demo prints)."""
         return {
             "forward_steps": self.forward_steps, "idle_steps": self.idle_steps,
             "prefill_tokens": self.prefill_tokens, "decode_tokens": self.decode_tokens,
-            "max_tokens_per_step": max((s.prefill_tokens + s.decode_tokens for s in self.steps), default=0),
+            "max_tokens_per_step": self.max_tokens_per_step,
             "useful_slot_steps": self.useful_slot_steps, "slot_utilisation": self.slot_utilisation,
             "preemptions": self.preemptions,
             "recomputed_tokens": self.recomputed_tokens, "peak_blocks_in_use": self.peak_blocks_in_use,

@@ -1,5 +1,5 @@
 /* The compiled step's greedy picks on a CPU (torch.ops.kvlab.greedy_pick): kvlab.engine.sampling's
-   greedy_picks in float32, each row's argmax(logits / its temperature), torch.argmax's index (the first
+   greedy_pick in float32, each row's argmax(logits / its temperature), torch.argmax's index (the first
    of the largest quotients; a NaN counts as the largest, its first one wins). It divides few logits: a
    division by a temperature above 0, correctly rounded, never reverses an order, so the largest
    quotient is the largest logit's, and only a logit within a rounding of it can divide to the same

@@ -1,7 +1,7 @@
 """Continuous batching against static batching and against one request at a time, on one seeded trace
 of requests (kvlab.serving): what the trace rule measures.
 
-The trace (kvlab.measure.serving_traces) is served three ways, with the same requests:
+The trace (kvlab.measure.serving_workloads) is served three ways, with the same requests:
 
   one at a time  each request alone through the fastest single-request path,
                  `kvlab.engine.fast.generate`: what a user without a server runs
@@ -20,7 +20,7 @@ What is exact (a function of the trace): forward steps, slot utilisation, blocks
 preemptions, prefix-cache hits, blocks shared. What is timed: each run's output tokens a second on the
 wall clock and on the timing thread's CPU clock (what the work cost, kvlab.facts.timing), its
 requests' latencies, repeated with the ways alternating, each compiled step compiled before anything
-is timed. The rate sweep is kvlab.measure.serve_rates.
+is timed. The rate sweep is kvlab.measure.serving_rates.
 """
 
 from __future__ import annotations
@@ -34,21 +34,22 @@ import numpy as np
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.facts import timing
 from kvlab.facts.budget import Budget
+from kvlab.facts.serving import ServingSettings
 from kvlab.measure import kv_waste
-from kvlab.measure.serve_run import (LATENCIES, PERCENTILES, POLICIES, WAYS, Run, alone_timings, mismatches,
+from kvlab.measure.serving_run import (LATENCIES, PERCENTILES, POLICIES, WAYS, Run, alone_timings, mismatches,
                                      one_at_a_time, ready_steps, references, request_records, run_timings, said,
                                      serve, timeline)
-from kvlab.measure.serving_traces import TraceRequest, check_block_size, check_fits, spaced, traces
+from kvlab.measure.serving_workloads import TraceRequest, check_block_size, check_fits, spaced, traces
 from kvlab.serving import ServingConfig
 
 log = logging.getLogger("kvlab")
 
 
-def engine_config(settings: dict, policy: str, **changes) -> ServingConfig:
+def engine_config(settings: ServingSettings, policy: str, **changes) -> ServingConfig:
     """The engine's knobs from the trace settings (extras.serving)."""
-    knobs = dict(num_blocks=settings["num_blocks"], block_size=settings["block_size"],
-                 max_num_seqs=settings["slots"], max_num_batched_tokens=settings["max_batched_tokens"],
-                 prefix_caching=False, policy=policy, compile=settings["compile"])
+    knobs = dict(num_blocks=settings.num_blocks, block_size=settings.block_size,
+                 max_num_seqs=settings.slots, max_num_batched_tokens=settings.max_batched_tokens,
+                 prefix_caching=False, policy=policy, compile=settings.compile)
     return ServingConfig(**{**knobs, **changes})
 
 
@@ -218,16 +219,17 @@ class Progress:
                  time.process_time() - self.began_cpu)
 
 
-def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt: list[int], settings: dict,
+def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt: list[int],
+            settings: ServingSettings,
             bytes_per_token: int) -> dict:
     """Everything the serve_trace rule writes (see the module's docstring): the counts, the memory
     comparison, the timings, every request's events and the timeline's data."""
     s = settings
-    budget = Budget(s.get("budget_s"))
-    check_block_size(model, s["block_size"])
+    budget = Budget(s.budget_s)
+    check_block_size(model, s.block_size)
     made = traces(prompts, system_prompt, s)
     roomy = {policy: engine_config(s, policy) for policy in POLICIES}
-    tight = engine_config(s, "continuous", num_blocks=s["tight_blocks"])
+    tight = engine_config(s, "continuous", num_blocks=s.tight_blocks)
     for name, trace in made.items():
         check_fits(trace, roomy["continuous"], "extras.serving.num_blocks")
     check_fits(made["trace"], tight, "extras.serving.tight_blocks")
@@ -236,7 +238,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
     progress.done("generate alone, every request of the three traces")
 
     trace = made["trace"]
-    ready = ready_steps(model, roomy["continuous"], trace, s["compile"])
+    ready = ready_steps(model, roomy["continuous"], trace, s.compile)
     progress.done(f"the engine's step and the single-request path ready ({said(ready)})")
 
     counts, events, times = [], [], {way: [] for way in WAYS}
@@ -253,12 +255,12 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
             raise RuntimeError(f"{run.name}: a repeat took another number of steps (the schedule should not vary)")
         warn_mismatches(run.name, found)
 
-    repeats, repeat = s["repeats"], 0
+    repeats, repeat = s.repeats, 0
     while repeat < repeats:
         began = time.perf_counter()
         for way in WAYS if repeat % 2 == 0 else WAYS[::-1]:  # alternating, so no way goes first always
             if way == "one_at_a_time":
-                done = one_at_a_time(model, trace, s["compile"])
+                done = one_at_a_time(model, trace, s.compile)
                 found = mismatches(done.samples, trace, alone["trace"])
                 alone_checked = {key: max(alone_checked[key], found[key]) for key in alone_checked}
                 warn_mismatches("one at a time", found)
@@ -270,7 +272,7 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
             log.info("repeat %d, %s: %.3f s, %.0f tokens/s (%.0f per CPU second)", repeat, way,
                      times[way][-1]["wall_s"], times[way][-1]["tokens_per_s"], times[way][-1]["tokens_per_cpu_s"])
         if repeat == 0:  # the first repeat plans the rest within the budget (two at least: a spread)
-            repeats = budget.runs_after_first(time.perf_counter() - began, s["repeats"], min(2, s["repeats"]),
+            repeats = budget.runs_after_first(time.perf_counter() - began, s.repeats, min(2, s.repeats),
                                               "repeats of the three ways")
         repeat += 1
     progress.done(f"one at a time, static and continuous, {repeats} runs each")
@@ -279,10 +281,10 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
         config = engine_config(s, "continuous", prefix_caching=caching)
         run = serve(model, made["prefix"], config, f"continuous, prefix cache {'on' if caching else 'off'}")
         checked(run, "prefix", made["prefix"], alone["prefix"])
-    checked(serve(model, made["parallel"], roomy["continuous"], f"continuous, n = {s['parallel_n']}"), "parallel",
+    checked(serve(model, made["parallel"], roomy["continuous"], f"continuous, n = {s.parallel_n}"), "parallel",
             made["parallel"], alone["parallel"])
 
-    progress.done(f"the tight pool, the shared prefix, n = {s['parallel_n']}")
+    progress.done(f"the tight pool, the shared prefix, n = {s.parallel_n}")
     # time to first token of a long shared prefix, each request alone, with the prefix cache and without
     one_token = spaced(made["prefix"], 1)
     first_tokens = [[row[:1] for row in rows] for rows in alone["prefix"]]
@@ -296,10 +298,10 @@ def measure(model: MiniMindForCausalLM, prompts: list[list[int]], system_prompt:
             prefix_ttft["on" if caching else "off"].append(float(np.median([o.ttft_s for o in run.outputs[1:]])))
 
     progress.done("the prefix cache's time to first token")
-    max_length = s["prompt_cap"] + s["max_tokens_max"]
+    max_length = s.prompt_cap + s.max_tokens_max
     memory = memory_rows([runs["continuous"], runs["continuous, tight pool"]], trace, max_length, bytes_per_token,
-                         s["tight_blocks"])
-    detail = {"settings": s, "block_bytes": bytes_per_token * s["block_size"],
+                         s.tight_blocks)
+    detail = {"settings": s.as_dict(), "block_bytes": bytes_per_token * s.block_size,
               "traces": {name: [request.record(i) for i, request in enumerate(t)] for name, t in made.items()},
               "timelines": {name: timeline(runs[name]) for name in (*POLICIES, "continuous, tight pool")},
               "summaries": {name: run.stats.summary() for name, run in runs.items()},

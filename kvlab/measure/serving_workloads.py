@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.engine.sampling import GREEDY
 from kvlab.facts.arrivals import poisson_arrivals
+from kvlab.facts.serving import ServingSettings
 from kvlab.serving import SamplingParams, ServingConfig
 from kvlab.serving.config import block_size_problem
 
@@ -72,29 +73,30 @@ def spaced(trace: list[TraceRequest], max_tokens: int) -> list[TraceRequest]:
             for index, request in enumerate(trace)]
 
 
-def sampling_knobs(settings: dict) -> dict:
-    return dict(temperature=settings["temperature"], top_p=settings["top_p"])
+def sampling_knobs(settings: ServingSettings) -> dict:
+    return dict(temperature=settings.temperature, top_p=settings.top_p)
 
 
-def main_trace(prompts: list[list[int]], settings: dict, rate: float | None) -> list[TraceRequest]:
+def main_trace(prompts: list[list[int]], settings: ServingSettings, rate: float | None) -> list[TraceRequest]:
     """The trace every way serves: the first `requests` validation prompts, at `rate` per step."""
     s = settings
-    return make_trace(prompts[: s["requests"]], rate, (s["max_tokens_min"], s["max_tokens_max"]), s["prompt_min"],
-                      sampling_knobs(s), s["seed"])
+    return make_trace(prompts[: s.requests], rate, (s.max_tokens_min, s.max_tokens_max), s.prompt_min,
+                      sampling_knobs(s), s.seed)
 
 
-def traces(prompts: list[list[int]], system_prompt: list[int], settings: dict) -> dict[str, list[TraceRequest]]:
+def traces(prompts: list[list[int]], system_prompt: list[int],
+           settings: ServingSettings) -> dict[str, list[TraceRequest]]:
     """The three traces, each from the first validation prompts: `trace` (distinct prompts), `prefix`
     (the lab's prompt as a system prompt before each document's first question_tokens tokens) and
     `parallel` (parallel_n samples of each prompt, every request sampled)."""
     s = settings
-    span = (s["max_tokens_min"], s["max_tokens_max"])
-    questions = [prompt[: s["question_tokens"] + 1] for prompt in prompts[: s["prefix_requests"]]]
-    return {"trace": main_trace(prompts, s, s["rate"]),
-            "prefix": make_trace(questions, s["rate"], span, s["question_tokens"] + 1, sampling_knobs(s), s["seed"] + 1,
+    span = (s.max_tokens_min, s.max_tokens_max)
+    questions = [prompt[: s.question_tokens + 1] for prompt in prompts[: s.prefix_requests]]
+    return {"trace": main_trace(prompts, s, s.rate),
+            "prefix": make_trace(questions, s.rate, span, s.question_tokens + 1, sampling_knobs(s), s.seed + 1,
                                  prefix=system_prompt),
-            "parallel": make_trace(prompts[: s["parallel_requests"]], s["rate"], span, s["prompt_min"],
-                                   sampling_knobs(s), s["seed"] + 2, n=s["parallel_n"])}
+            "parallel": make_trace(prompts[: s.parallel_requests], s.rate, span, s.prompt_min,
+                                   sampling_knobs(s), s.seed + 2, n=s.parallel_n)}
 
 
 # --- refusals, naming the config key -----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Latency against the request rate, static and continuous, on the trace rule's requests (the rule
-serve_rates; kvlab.measure.serve_trace serves the trace itself)."""
+serve_rates; kvlab.measure.serving_trace serves the trace itself)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import math
 import numpy as np
 
 from kvlab.engine.model import MiniMindForCausalLM
-from kvlab.measure.serve_run import (PERCENTILES, POLICIES, Run, latency_percentiles, output_finished, ready_steps,
+from kvlab.facts.serving import ServingSettings
+from kvlab.measure.serving_run import (PERCENTILES, POLICIES, Run, latency_percentiles, output_finished, ready_steps,
                                      request_records, said, serve)
-from kvlab.measure.serve_trace import Progress, engine_config
-from kvlab.measure.serving_traces import check_block_size, check_fits, main_trace
+from kvlab.measure.serving_trace import Progress, engine_config
+from kvlab.measure.serving_workloads import check_block_size, check_fits, main_trace
 from kvlab.serving import RequestOutput
 
 log = logging.getLogger("kvlab")
@@ -53,7 +54,8 @@ def rate_row(run: Run, fraction: float, rate_per_step: float) -> dict:
     return row
 
 
-def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: dict) -> tuple[list[dict], dict]:
+def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]],
+               settings: ServingSettings) -> tuple[list[dict], dict]:
     """Latency against the request rate, static and continuous, on the trace's requests. First each
     policy's saturation throughput: the requests all queued at step 0, served as fast as it can, in
     requests a forward step (exact; the seconds it took beside). Then the same requests arriving at
@@ -61,7 +63,7 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
     run bounded by the trace's count and by `rate_max_seconds`. On the step clock the latencies are the
     schedule's alone, the same on every machine; their seconds say what this machine made of them."""
     s = settings
-    check_block_size(model, s["block_size"])
+    check_block_size(model, s.block_size)
     progress = Progress()
     queued = main_trace(prompts, s, None)
     roomy = {policy: engine_config(s, policy) for policy in POLICIES}
@@ -78,12 +80,12 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
     base = saturation["continuous"]["requests_per_step"]
     static_saturates = saturation["static"]["requests_per_step"] / base
     rows, runs = [], []
-    for index, fraction in enumerate(s["rate_fractions"]):
+    for index, fraction in enumerate(s.rate_fractions):
         rate = fraction * base
         arriving = main_trace(prompts, s, rate)
         for policy in POLICIES if index % 2 == 0 else POLICIES[::-1]:
             run = serve(model, arriving, roomy[policy], f"{policy} at {fraction:g} x saturation",
-                        max_seconds=s["rate_max_seconds"])
+                        max_seconds=s.rate_max_seconds)
             rows.append(rate_row(run, fraction, rate) | {"saturation_fraction_static": static_saturates})
             runs.append({"run": run.name, "fraction": fraction, "rate_per_step": rate, "policy": policy,
                          "cut": run.cut, "requests": request_records(run, arriving, None)})
@@ -92,5 +94,5 @@ def rate_sweep(model: MiniMindForCausalLM, prompts: list[list[int]], settings: d
                      rows[-1]["normalized_latency_s"], " (cut by rate_max_seconds)" if run.cut else "")
     rows.sort(key=lambda row: (POLICIES.index(row["policy"]), row["fraction"]))
     progress.done("the rate sweep")
-    return rows, {"saturation": saturation, "rate_fractions": list(s["rate_fractions"]),
-                  "rate_max_seconds": s["rate_max_seconds"], "runs": runs}
+    return rows, {"saturation": saturation, "rate_fractions": list(s.rate_fractions),
+                  "rate_max_seconds": s.rate_max_seconds, "runs": runs}

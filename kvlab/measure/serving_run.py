@@ -17,7 +17,7 @@ import numpy as np
 from kvlab.engine import fast
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.kernels import loader
-from kvlab.measure.serving_traces import TraceRequest
+from kvlab.measure.serving_workloads import TraceRequest
 from kvlab.serving import RequestOutput, ServingConfig, ServingEngine, generate_alone
 from kvlab.serving.stats import EngineStats, StepRecord
 
