@@ -36,12 +36,13 @@ HEAD_COUNT_WINDOW = 64
 
 
 def inspect_checkpoint(path, config_key: str, overrides: dict, tokenizer: Tokenizer, val_data,
-                       compared_as: str | None = None) -> dict:
+                       compared_as: str | None = None, built: dict | None = None) -> dict:
     """The inspection of the checkpoint at `path`, which the config names under `config_key` ("pretrain",
     "sft", or "compare" for the entry named `compared_as`) with `overrides` (its model_overrides).
     The lab's own checkpoints must fit the tokenizer; a compared one is measured on token ids only, so
     whether it fits is recorded, not required. A head count is measured on validation text
-    (`val_data`, a pretrain jsonl).
+    (`val_data`, a pretrain jsonl). `built`: for the embedded default's checkpoints, what they were
+    built with (config default_model.model), the source of what the file cannot show.
 
     Raises ValueError with one line naming the config key when the file is no MiniMind checkpoint,
     the tokenizer does not belong to a lab checkpoint, or the head count can be neither read, stated
@@ -56,7 +57,7 @@ def inspect_checkpoint(path, config_key: str, overrides: dict, tokenizer: Tokeni
                                   f"{mismatch}")
         head_count = None
         try:
-            architecture = infer_architecture(state_dict, overrides)
+            architecture = infer_architecture(state_dict, overrides, built=built)
         except HeadCountUnknown as unknown:
             if mismatch:
                 raise ValueError(f"{heads_where}: {path}: {unknown}; kvlab cannot measure it "
@@ -68,7 +69,8 @@ def inspect_checkpoint(path, config_key: str, overrides: dict, tokenizer: Tokeni
             if head_count["chosen"] is None:
                 raise ValueError(f"{heads_where}: {path}: {unknown}; "
                                  f"measured: {head_count['reason']}") from None
-            architecture = infer_architecture(state_dict, overrides, {"num_attention_heads": head_count["chosen"]})
+            architecture = infer_architecture(state_dict, overrides, {"num_attention_heads": head_count["chosen"]},
+                                              built)
     except CheckpointError as err:  # its message names the file
         raise ValueError(f"{where}: {err}") from None
     except ArchitectureError as err:

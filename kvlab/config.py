@@ -308,15 +308,17 @@ def compare_entries(config: dict) -> dict[str, dict]:
 
 def checkpoints(config: dict, inputs: dict[str, str], entries: dict[str, dict]) -> dict[str, dict]:
     """Every checkpoint one `inspect_checkpoint` job inspects, by name: the lab's two (from `inputs`,
-    the paths of the input keys) and each compared model's, with its config key and model_overrides."""
+    the paths of the input keys) and each compared model's, with its config key and model_overrides;
+    `built`, for the embedded default's (an input key left null), the model it was built with
+    (default_model.model: what its file cannot show, such as max_position_embeddings)."""
     found = {key: {"path": inputs[key], "config_key": key, "overrides": config["model_overrides"],
-                   "compared_as": None}
+                   "compared_as": None, "built": None if config[key] else dict(config["default_model"]["model"])}
              for key in ("pretrain", "sft")}
     for name, entry in entries.items():
         if "checkpoint" in entry:
             # the config key and the entry's name: its index would rerun it when one before goes
             found[name] = {"path": entry["checkpoint"], "config_key": "compare",
-                           "overrides": entry.get("model_overrides", {}), "compared_as": name}
+                           "overrides": entry.get("model_overrides", {}), "compared_as": name, "built": None}
     return found
 
 

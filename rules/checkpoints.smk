@@ -25,5 +25,6 @@ rule inspect_checkpoint:
         config_key=lambda wildcards: CHECKPOINTS[wildcards.name]["config_key"],
         overrides=lambda wildcards: CHECKPOINTS[wildcards.name]["overrides"],
         compared_as=lambda wildcards: CHECKPOINTS[wildcards.name]["compared_as"],
+        built=lambda wildcards: CHECKPOINTS[wildcards.name]["built"],
     script:
         "../scripts/inspect_checkpoint.py"

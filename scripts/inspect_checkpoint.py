@@ -9,7 +9,7 @@ def main(snakemake):
     p = snakemake.params
     inspection = inspect_checkpoint(
         snakemake.input.checkpoint, p.config_key, p.overrides, load_tokenizer_input(snakemake),
-        snakemake.input.val_data, p.compared_as,
+        snakemake.input.val_data, p.compared_as, p.built,
     )
     log.info("%s: %s layout, %d parameters, sources %s", snakemake.input.checkpoint, inspection["layout"],
              inspection["parameters"], inspection["sources"])

@@ -8,7 +8,7 @@ from kvlab.engine.architecture import infer_architecture
 from kvlab.engine.checkpoint import CheckpointError, check_keys_and_shapes, load_model, save_checkpoint
 from kvlab.engine.config import MiniMindConfig
 from kvlab.engine.model import MiniMindForCausalLM, count_parameters, kv_cache_bytes
-from kvlab.measure.steps import GREEDY
+from kvlab.measure.steps import GREEDY_NO_EOS
 
 from helpers import random_model
 
@@ -56,7 +56,7 @@ def test_wrapped_state_dict_and_mini_mind2_layout(tmp_path):
     prompt = torch.tensor([[4, 5, 6]])
     half_model = random_model(2, qk_norm=False, hidden_size=64, num_attention_heads=8, num_key_value_heads=2)
     half_model.load_state_dict({k: v.float() for k, v in state.items()})
-    assert torch.equal(loaded.generate(prompt, max_new_tokens=5, **GREEDY), half_model.generate(prompt, max_new_tokens=5, **GREEDY))
+    assert torch.equal(loaded.generate(prompt, max_new_tokens=5, **GREEDY_NO_EOS), half_model.generate(prompt, max_new_tokens=5, **GREEDY_NO_EOS))
 
 
 def test_every_shape_field_is_read_off_the_tensors():
@@ -65,6 +65,32 @@ def test_every_shape_field_is_read_off_the_tensors():
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (500, 128, 4)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 32)
     assert config.intermediate_size == 320 and config.qk_norm
+
+
+def test_what_the_embedded_default_was_built_with_fills_what_its_file_cannot_show():
+    """The embedded default's checkpoints (inputs left null) are inspected with default_model.model as
+    `built`: max_position_embeddings is the 2,048 they were built with, sourced "built", where a
+    user's file gets its layout's 32,768; the fields the tensors show stay "file", and a user's
+    override still wins."""
+    import yaml
+
+    from kvlab.config import checkpoints
+    from helpers import ROOT
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))
+    found = checkpoints(config, {"pretrain": "p.pth", "sft": "s.pth"}, {})
+    built = found["pretrain"]["built"]
+    assert built == config["default_model"]["model"] and found["sft"]["built"] == built
+    assert checkpoints(config | {"pretrain": "mine.pth", "sft": "mine.pth"}, {"pretrain": "mine.pth", "sft": "mine.pth"},
+                       {})["pretrain"]["built"] is None
+    state = random_model(6).state_dict()
+    architecture = infer_architecture(state, built=built)
+    assert architecture.config.max_position_embeddings == built["max_position_embeddings"] == 2048
+    assert architecture.sources["max_position_embeddings"] == "built"
+    assert architecture.sources["hidden_size"] == "file"
+    assert infer_architecture(state).config.max_position_embeddings == 32768
+    overridden = infer_architecture(state, {"max_position_embeddings": 1024}, built=built)
+    assert (overridden.config.max_position_embeddings, overridden.sources["max_position_embeddings"]) == (1024, "user")
 
 
 def test_a_tied_checkpoint_without_lm_head_loads_and_is_left_as_it_was():

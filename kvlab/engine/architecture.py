@@ -58,7 +58,8 @@ class HeadCountUnknown(ArchitectureError):
 class Architecture:
     config: MiniMindConfig
     layout: str
-    sources: dict[str, str] = field(default_factory=dict)  # config field -> file | layout default | user | measured
+    # config field -> file | layout default | built (the embedded default's build) | user | measured
+    sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """The layout, and each field that has a source with its value and its source."""
@@ -112,9 +113,11 @@ def head_count_candidates(state_dict: dict[str, torch.Tensor]) -> list[int]:
 
 
 def infer_architecture(state_dict: dict[str, torch.Tensor], overrides: dict | None = None,
-                       measured: dict | None = None) -> Architecture:
+                       measured: dict | None = None, built: dict | None = None) -> Architecture:
     """The config for `state_dict`: shapes from the file, the rest from `overrides` (the user's),
-    `measured` (a head count found by `measure_head_count`) or the detected layout's defaults.
+    `measured` (a head count found by `measure_head_count`), `built` (what the embedded default was
+    built with: config default_model.model, for the fields its file cannot show) or the detected
+    layout's defaults.
     A MiniMind2-layout file with no stated or measured head count raises HeadCountUnknown."""
     overrides = dict(overrides or {})
     measured = dict(measured or {})
@@ -172,6 +175,10 @@ def infer_architecture(state_dict: dict[str, torch.Tensor], overrides: dict | No
     for key, value in LAYOUT_DEFAULTS[layout].items():
         values[key] = value
         sources[key] = "layout default"
+    for key, value in (built or {}).items():
+        if key not in from_file:
+            values[key] = value
+            sources[key] = "built"
     for key, value in overrides.items():
         if key not in from_file:
             values[key] = value
