@@ -345,7 +345,7 @@ def test_the_report_says_once_what_compiling_the_serving_steps_took(course_build
     assert not eager["steps"]["engine"]["files"]
     assert "compile_steps" not in render_report(template, paths, language)
     kept = {"one_at_a_time": {"seconds": 26.24, "loaded": False, "files": ["a.pt2"]},
-            "engine": {"seconds": 0.83, "loaded": True, "files": ["b.fn"]}}
+            "engine": {"seconds": 0.83, "loaded": True, "files": ["b.pt2"]}}
     paths["compiled_steps"] = tmp_path / "compiled_steps.json"
     paths["compiled_steps"].write_text(json.dumps({**eager, "steps": kept}), encoding="utf-8")
     report = render_report(template, paths, language)

@@ -440,7 +440,7 @@ def test_a_second_start_loads_the_step_the_first_compiled(checkpoint, tokenizer_
     assert "the engine's step compiled into" in logs[0] and "loaded from" not in logs[0], logs[0]
     assert "the engine's step loaded from" in logs[1] and "compiled into" not in logs[1], logs[1]
     assert answers[0] == answers[1]
-    assert list((tmp_path / "cache" / "aot").glob("*.fn"))
+    assert list((tmp_path / "cache" / "aot").glob("*.pt2"))
 
 
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])

@@ -91,28 +91,30 @@ def test_the_engine_keeps_the_step_records_its_config_bounds_and_counts_every_st
 
 def test_one_compiled_step_serves_every_size_without_recompiling(model):
     """The step compiled once (its sizes symbolic) serves steps of 1 to 6 rows, prompts and decodes,
-    contexts of 3 to 73 positions: no graph is compiled after the warm-up."""
+    contexts of 3 to 73 positions: nothing is compiled after the warm-up, nor does dynamo trace."""
     from kvlab.kernels.torch_internals import compiled_graphs
 
     engine = ServingEngine(model, ServingConfig(num_blocks=64, max_num_seqs=6))
     engine.warm_up()
-    graphs = compiled_graphs()
+    graphs, program = compiled_graphs(), engine.runner.compiled.program
     requests = staggered(prompts_of(LENGTHS, seed=21), greedy(16), every=3)
     for prompt, params, arrival in requests:
         engine.add_request(prompt, params, arrival_step=arrival)
     result = engine.run()
     rows = {s.prefill_tokens + s.decode_tokens for s in result.stats.steps}
     assert min(rows) == 1 and max(rows) > 40, rows
-    assert compiled_graphs() == graphs
+    assert compiled_graphs() == graphs and engine.runner.compiled.program is program
+    assert engine.runner.compiled.compiles <= 1
     assert engine.runner.compiled.calls == len(result.stats.steps) + 1
     assert mismatches(model, result, requests) == []
 
 
-def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model):
-    """After the warm-up the step calls the code dynamo made (no guards run): for steps of every kind
-    (one decode row, many, prompt chunks beside decode rows, contexts over several blocks) the guards
-    it was compiled with pass on the step's inputs, no graph is compiled, the logits are the eager
-    step's within rounding, and its greedy picks are `greedy_pick_rows`'s at each row's temperature."""
+def test_the_compiled_package_is_the_eager_step_for_steps_of_every_kind(model):
+    """After the warm-up the step calls the AOTInductor package (exported on example sizes none of
+    these steps has): for steps of every kind (one decode row, many, prompt chunks beside decode rows,
+    contexts over several blocks) the logits are the eager step's within rounding, the K and V it
+    wrote into the pool are the eager step's, and its greedy picks are `greedy_pick_rows`'s at each
+    row's temperature; dynamo traces nothing."""
     from kvlab.kernels.torch_internals import compiled_graphs
     from kvlab.serving.compiled_step import step_logits, step_rows
 
@@ -129,20 +131,22 @@ def test_later_steps_call_dynamos_code_directly_and_its_guards_would_pass(model)
     for pieces in steps:
         temperatures = [0.85, 0.3, 1.7][:sum(wants for *_, wants in pieces)]
         logits, picks = step(pieces, temperatures)
+        written = [tensor.clone() for tensor in (*engine.pool.keys, *engine.pool.values)]
         with torch.inference_mode():  # as the step builds its rows
             rows = step_rows(pieces, size, engine.pool.scratch_block, "cpu", temperatures)
-            assert step.program.guard_check(*step.inputs(rows)), pieces
             eager = step_logits(rows, step.weights.views, engine.pool.keys, engine.pool.values, step.shape,
                                 step.native)
         assert torch.allclose(logits, eager[:len(logits)], atol=1e-5, rtol=1e-4), pieces
+        assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+                   for a, b in zip(written, (*engine.pool.keys, *engine.pool.values))), pieces
         assert picks.tolist() == sampling.greedy_pick_rows(logits, temperatures), pieces
     assert compiled_graphs() == graphs
 
 
-def test_each_architecture_gets_a_graph_of_its_own_and_calls_it_directly():
+def test_each_architecture_gets_a_package_of_its_own():
     """Models of three architectures in one process (a test run, a lab comparing models): each engine's
-    step calls a graph compiled for its own architecture directly (not a generalised one found through
-    dynamo's guards), each kept in a file of its own, and every token is `generate`'s."""
+    step calls a package compiled for its own architecture, each kept in a file of its own, and every
+    token is `generate`'s."""
     paths = set()
     for hidden in (32, 48, 80):
         model = tiny_model(0, hidden_size=hidden)
@@ -163,8 +167,8 @@ def built_libraries() -> set:
 
 def test_a_compiled_step_is_kept_and_a_new_process_loads_it(model, monkeypatch):
     """The compiled step is kept on disk: an engine of the same architecture in a new process (the
-    process's loaded steps forgotten) loads it, compiling nothing (no graph, no C++ library built
-    again), and serves generate's tokens; a
+    process's loaded steps forgotten) loads it, compiling nothing (no package, no C++ library in
+    inductor's cache built again), and serves generate's tokens; a
     file that cannot be loaded is said so, compiled again and replaced."""
     from kvlab.engine import aot
     from kvlab.kernels.torch_internals import compiled_graphs

@@ -1,13 +1,8 @@
-"""Compiled steps ahead of time, kept on disk and loaded once a process, in two forms:
-
-- `program`: a function exported (`torch.export`) and compiled by AOTInductor into a library, called
-  without Python in between (the single-request path's decode step, kvlab.engine.fast);
-- `function`: a function compiled by `torch.compile` ahead of time (`aot_compile`: dynamo's code of it,
-  its guards and inductor's graph, saved with `save_compiled_function`), called as the plain function
-  dynamo made of it (the serving engine's step, kvlab.serving.compiled_step, whose custom operators
-  and symbolic sizes stay as `torch.compile` handles them). Its C++ lives in inductor's own cache
-  (TORCHINDUCTOR_CACHE_DIR, else the temporary directory's torchinductor_<user>): where that was
-  cleared, loading compiles the C++ again (some 14 s for the lab's model), never the graph.
+"""Compiled steps ahead of time, kept on disk and loaded once a process: `program`, a module exported
+(`torch.export`, its varying sizes symbolic) and compiled by AOTInductor into a package, whose library
+is called without Python in between. Both compiled steps are made so: the single-request path's decode
+step (kvlab.engine.fast) and the serving engine's step (kvlab.serving.compiled_step, its custom
+operators traced through their fakes).
 
 Why: a `torch.compile`d function is entered through Python on every call (dynamo's guards, the
 wrapper that hands tensors to the compiled code): measured on this project's machine, some 40 to 70 µs
@@ -57,32 +52,39 @@ def package_key(parts: tuple, modules: tuple) -> str:
 
 
 class Program:
-    """A loaded compiled step: `run` calls it (a package's `run(inputs)` takes the flat list of tensors
-    it was exported with; a function takes its own arguments; tensors it mutates are written in
-    place). `compile_s` is the seconds it cost to make it ready in this process: compiling, or loading
-    what an earlier process compiled (`from_cache`); `path`, where it is kept; for a function,
-    `guard_check(*args)` says whether the guards it was compiled with pass on `args`."""
+    """A loaded compiled step: `run(inputs)` calls it on the flat list of tensors it was exported with
+    (tensors it mutates are written in place) and returns its outputs. `compile_s` is the seconds it
+    cost to make it ready in this process: compiling, or loading what an earlier process compiled
+    (`from_cache`); `path`, where it is kept."""
 
-    def __init__(self, run: Callable, compile_s: float, from_cache: bool, path: Path,
-                 guard_check: Callable[..., bool] | None = None):
+    def __init__(self, run: Callable, compile_s: float, from_cache: bool, path: Path):
         self.run = run
         self.compile_s = compile_s
         self.from_cache = from_cache
         self.path = path
-        self.guard_check = guard_check
 
 
 def program(parts: tuple, modules: tuple, export: Callable[[], torch.export.ExportedProgram]) -> Program:
     """The compiled package for `parts`: loaded in this process already, or from the cache directory, or
     exported (`export()`), compiled and stored there first (written to a temporary file and renamed, so
-    a crash leaves no half-written package behind)."""
+    a crash leaves no half-written package behind). A kept file that cannot be loaded (cut short, or
+    from another torch) is said so in one line, compiled again and replaced."""
     key = package_key(parts, modules)
     path = cache_dir() / f"{key}.pt2"
     if key in _LOADED:
         return Program(_LOADED[key].run, 0.0, True, path)
     began = time.perf_counter()
-    from_cache = path.is_file()
-    if not from_cache:
+    loader = None
+    # torch's own pytree code warns of its own deprecated LeafSpec check while exporting and loading
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+    if path.is_file():
+        try:
+            loader = torch_internals.aoti_load_package(str(path))
+        except Exception as error:  # cut short, or written by another torch: compiled again
+            warnings.warn(f"{path}: cannot be loaded ({type(error).__name__}: {error}); compiling it again",
+                          RuntimeWarning, stacklevel=2)
+    from_cache = loader is not None
+    if loader is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(suffix=".pt2", dir=path.parent)
         os.close(handle)
@@ -92,37 +94,6 @@ def program(parts: tuple, modules: tuple, export: Callable[[], torch.export.Expo
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    loader = torch_internals.aoti_load_package(str(path))
+        loader = torch_internals.aoti_load_package(str(path))
     _LOADED[key] = loader
     return Program(loader.run, time.perf_counter() - began, from_cache, path)
-
-
-def function(parts: tuple, modules: tuple, compile: Callable[[], object]) -> Program:
-    """The function compiled ahead of time for `parts`: loaded in this process already, or from the
-    cache directory, or compiled (`compile()`: a `torch.compile(...).aot_compile(...)` result) and
-    saved there first (written to a temporary file and renamed). Its guards are not checked on a call:
-    what they would check is the caller's key, `parts`, and the caller keeps to it. A file that cannot
-    be loaded is said so in one line, compiled again and replaced."""
-    key = package_key(parts, modules)
-    path = cache_dir() / f"{key}.fn"
-    if key in _LOADED:
-        return Program(_LOADED[key].fn, 0.0, True, path, _LOADED[key].guard_check)
-    began = time.perf_counter()
-    compiled = None
-    if path.is_file():
-        try:
-            # loaded under the options it was compiled with: inductor finds its C++ built by them (under
-            # others it would build it again)
-            with open(path, "rb") as file, torch_internals.inductor_options(NO_HEADERS):
-                compiled = torch.compiler.load_compiled_function(file)
-        except Exception as error:  # cut short, or saved by another torch: compiled again
-            warnings.warn(f"{path}: cannot be loaded ({type(error).__name__}: {error}); compiling it again",
-                          RuntimeWarning, stacklevel=2)
-    from_cache = compiled is not None
-    if compiled is None:
-        compiled = compile()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        compiled.save_compiled_function(str(path))  # torch writes a temporary file and renames it
-    compiled.disable_guard_check()
-    _LOADED[key] = compiled
-    return Program(compiled.fn, time.perf_counter() - began, from_cache, path, compiled.guard_check)

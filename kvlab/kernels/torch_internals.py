@@ -2,18 +2,15 @@
 wrapped here with the reason no public one serves (torch 2.13). A torch upgrade that moves one breaks
 here alone, and tests/test_kernels.py holds that no other kvlab module names `torch._`.
 
-Compiling (kvlab.engine.aot, kvlab.engine.fast, kvlab.serving.compiled_step):
+Compiling (kvlab.engine.aot: both compiled steps are torch.export'ed programs compiled by AOTInductor;
+kvlab.engine.fast's torch.compile plans):
 - `aoti_compile_and_package`, `aoti_load_package`: AOTInductor's documented entry points, which torch
   still keeps under torch._inductor;
-- `inductor_options`: inductor's config patched for one compile or load (its precompiled headers off:
-  aot.NO_HEADERS), which torch.compile's `options=` covers for compiling but not for loading;
-- `mark_dynamic`, `mark_static_address`: dynamo's marks of a size taken symbolically and of a tensor
-  whose storage never moves (torch.compile's `dynamic=True` would make every size symbolic);
-- `check`: a fact for the compiler about symbolic sizes (two pools' blocks equal), torch._check;
-- `no_automatic_dynamic`: dynamo's config for one compile (sizes not marked stay fixed);
-- `compiled_graphs`, `reset_compiler`: dynamo's own count of the graphs it compiled (what the tests
-  and the engine's `compiles` report) and its reset; `inductor_cache_dir`: where inductor keeps its
-  C++ (the tests look for what it built).
+- `mark_static_address`: dynamo's mark of a tensor whose storage never moves (a torch.compile plan's
+  cache);
+- `compiled_graphs`, `reset_compiler`: dynamo's own count of the graphs it compiled (what the tests of
+  the torch.compile plans count) and its reset; `inductor_cache_dir`: where inductor keeps its C++ (the
+  tests look for what it built).
 Building the C++ operators (kvlab.kernels.loader):
 - `cpp_compiler`: the C++ compiler inductor would use, found as inductor finds it;
 - `cxx11_abi`: the C++ ABI this torch was built with, which an extension must match.
@@ -22,8 +19,6 @@ Watching weights (kvlab.engine.step.PackedWeights):
 """
 
 from __future__ import annotations
-
-from contextlib import AbstractContextManager
 
 import torch
 
@@ -38,29 +33,9 @@ def aoti_load_package(path: str):
     return torch._inductor.aoti_load_package(path).loader
 
 
-def inductor_options(options: dict) -> AbstractContextManager:
-    """Inductor's config patched with `options` while the context lasts."""
-    return torch._inductor.config.patch(options)
-
-
-def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
-    """Dynamo takes `tensor`'s size `dim` symbolically when it compiles a function of it."""
-    torch._dynamo.mark_dynamic(tensor, dim)
-
-
 def mark_static_address(tensor: torch.Tensor) -> None:
     """Dynamo may rely on `tensor`'s storage staying where it is (a cache written in place)."""
     torch._dynamo.mark_static_address(tensor)
-
-
-def check(condition) -> None:
-    """A fact the compiler may assume about symbolic sizes (torch._check)."""
-    torch._check(condition)
-
-
-def no_automatic_dynamic() -> AbstractContextManager:
-    """While it lasts, dynamo keeps every size it was not told is dynamic fixed."""
-    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
 
 
 def compiled_graphs() -> int:
