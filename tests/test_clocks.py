@@ -161,11 +161,15 @@ def test_every_comparison_of_the_slowed_build_is_judged_on_its_cpu_clock(quiet_a
     # the batches: both modes read on the CPU clock (their smallest batch was slowed)
     batch = beyond.split("## Many requests at once")[1].split("\n## ")[0]
     assert batch.count("(on the CPU clock: a batch was contended)") == 2 and "CPU clock |" in batch
-    # the counts: each disturbed timing once; the sheet's report speaks of step 3's alone
+    # no count: the numbers of disturbed timings carry a mark, and the list at the end is those marks
     found = disturbed_timings(data)
-    head = beyond.split("## Words used below")[0]
-    assert "**Disturbed timings:** some timings" in head and f"{len(found)} of this build's timings" not in head
+    head, body = beyond.split("\n## ", 1)
+    assert "**Disturbed timings:** a number marked †" in head and f"{len(found)} of this build's timings" not in head
     assert "## Disturbed timings" in beyond
+    shown, listed = body.split("## Disturbed timings")
+    marked = {int(number) for group in re.findall(r"†([\d,]+)", shown) for number in group.split(",")}
+    assert marked and marked == {int(number) for number in re.findall(r"†(\d+)", listed)}
+    assert marked == set(range(1, len(marked) + 1))
     assert "beyond the sheet was disturbed" not in report and "beyond the sheet were disturbed" not in report
     # the list at the end gives each contended timing's waiting runs under the rule, never a median above it
     shares = [float(share) for share in re.findall(r"runs at (\d+)% CPU", beyond.split("## Disturbed timings")[1])]

@@ -160,7 +160,7 @@ def test_figures_are_pngs_linked_from_the_report_beyond_the_sheet(built):
     for heading in ("## KV 캐시", "## 온도", "## top-p"):
         assert heading in report
     assert "## 서빙에서" in beyond and "## 서빙에서" not in report  # the chain into serving is beyond the sheet
-    for heading in ("## 비용 곡선", "## 지연 시간 분해", "## 서빙 용량으로 본 캐시", "## 모든 p에서의 top-p, 촘촘한 온도"):
+    for heading in ("## 비용 곡선", "## 지연 시간 분해", "## 모든 p에서의 top-p, 촘촘한 온도"):
         assert heading in beyond and heading not in report
     assert "`results/beyond.md`" in report
 

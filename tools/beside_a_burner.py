@@ -12,7 +12,7 @@ times, pinned beside the burner, and says how many passed. Linux only (sched_set
 `read` is a careful reader's checks, each from the result files: every comparison the reports make
 on a timing, judged on the clock kvlab.present.verdicts chooses (the CPU clock's when a side was
 contended), appears with that clock's numbers, and a contended one's section names the CPU clock;
-the disturbed timings are counted once each, the sheet's report counting those beyond the sheet;
+each disturbed timing shown carries a mark and the list at the end of beyond.md is those marks;
 every value shown with an interval lies in it. It prints each check and exits 1 if one fails.
 """
 
@@ -103,10 +103,14 @@ def read(results: Path) -> list[tuple[bool, str]]:
         judged = on_clock(*clocks.latency_speedup(data["latency"]).values())
         text = section(beyond, "## 지연 시간 분해", "## Latency split")
         expect(all(part in text for part in shown(judged)), f"the per-step timing on the {judged['clock']} clock")
-    # the disturbed timings listed at the end of beyond.md, none counted across kinds; report.md names step 3's alone
+    # the numbers of disturbed timings carry a mark (kvlab.present.marks) and the list at the end of beyond.md is
+    # those marks, none counted across kinds; report.md names step 3's alone
     found = disturbed_timings(data)
-    expect(not found or "## Disturbed timings" in beyond or "## 흔들린 측정" in beyond,
-           f"beyond.md lists the {len(found)} disturbed timings at the end")
+    heading = "## 흔들린 측정" if "## 흔들린 측정" in beyond else "## Disturbed timings"
+    body, _, listed = beyond.split("\n## ", 1)[-1].partition(heading)
+    marked = {number for group in re.findall(r"†([\d,]+)", body) for number in group.split(",")}
+    expect(marked == set(re.findall(r"†(\d+)", listed)) and len(marked) <= len(found),
+           f"beyond.md's {len(marked)} marks are the list at its end ({len(found)} timings disturbed)")
     expect(not re.search(r"timings? beyond the sheet (was|were) disturbed|시트 너머의 측정 \d+개", report),
            "report.md counts no timing beyond the sheet")
     # every value shown with an interval lies in it

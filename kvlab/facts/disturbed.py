@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvlab.facts.formulas import MODES
-from kvlab.facts.timing import run_contended
+from kvlab.facts.timing import UNSTABLE_IQR_SHARE, run_contended
 
 LABELS = tuple(label for label, _ in MODES)
 # What identifies one timing: which part of the build timed it, in which mode, of which model or run,
@@ -70,7 +70,8 @@ def _row_seen(row: dict) -> dict:
 def unstable_timings(results: dict) -> list[dict]:
     """Every timing the rule calls unstable (IQR at least 10% of its median), as {what, mode | n | name,
     share}: step 3's modes, the sweep's N, the per-step timing's modes, the compared models, the
-    batches, the opened steps and the two caches' steps at each context."""
+    batches, the opened steps, the two caches' steps at each context and the serving trace's runs by
+    the quantity timed (serve_timing.csv: "serving", mode = the quantity, name = the run)."""
     found = []
     summary = results.get("time_runs", {}).get("summary", {})
     found += [{"what": "step3", "mode": label, "share": summary[label]["iqr_share"]}
@@ -98,7 +99,14 @@ def unstable_timings(results: dict) -> list[dict]:
                   for kind in curve["kinds"]
                   for context, row in zip(curve["contexts"], curve[kind]["steps"])
                   if row["unstable"]]
-    return found
+    served: dict = {}
+    for row in results.get("serve_timing", []):
+        for side in ("baseline", "subject"):
+            share = row.get(f"{side}_iqr_share")
+            if isinstance(share, (int, float)) and share >= UNSTABLE_IQR_SHARE:
+                served.setdefault((row["quantity"], row[side]), {"what": "serving", "mode": row["quantity"],
+                                                                 "name": row[side], "share": share})
+    return found + list(served.values())
 
 
 def contended_timings(results: dict) -> list[dict]:
@@ -106,7 +114,7 @@ def contended_timings(results: dict) -> list[dict]:
     modes ("step3"), the sweep's N ("sweep", n), the per-step timing's modes ("latency"), the compared
     models ("compare", name), the batches ("batch", mode and n = B), the opened steps ("anatomy", mode),
     the caches' steps at each context ("curve", mode = the cache's kind, n = the context) and the served
-    runs of the serving trace ("serving", name = the run)."""
+    runs of the serving trace ("serving", mode = the quantity timed, name = the run)."""
     found = []
     runs = results.get("time_runs", {})
     summary = runs.get("summary", {})
@@ -150,9 +158,10 @@ def contended_timings(results: dict) -> list[dict]:
     served = {}
     for row in results.get("serve_timing", []):
         for side in ("baseline", "subject"):
-            if row.get(f"{side}_contended") is True and row[side] not in served:
-                served[row[side]] = {"what": "serving", "name": row[side], "runs": row.get(f"{side}_n"),
-                                     "waited": None, "cpu_share": None}
+            if row.get(f"{side}_contended") is True and (row["quantity"], row[side]) not in served:
+                served[row["quantity"], row[side]] = {"what": "serving", "mode": row["quantity"], "name": row[side],
+                                                      "runs": row.get(f"{side}_n"), "waited": None,
+                                                      "cpu_share": None}
     return found + list(served.values())
 
 

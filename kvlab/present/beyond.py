@@ -394,7 +394,7 @@ def serving_trace_section(results: dict) -> dict:
         row = timing[(comparison, quantity)]
         return {"ratio": row["ratio"], "low": row["ratio_low"], "high": row["ratio_high"],
                 "verdict": against((row["ratio_low"], row["ratio_high"]), 1.0), "unstable": row["unstable"],
-                "contended": bool(row.get("contended", False))}
+                "contended": bool(row.get("contended", False)), "quantity": quantity, "sides": [row["baseline"], row["subject"]]}
 
     def clocked(comparison: str) -> dict:
         """Throughput on the wall clock, or on the CPU clock where a side waited for the CPU."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kvlab.facts.formulas import fed_formulas
 from kvlab.facts.disturbed import disturbed_timings
+from kvlab.present.marks import SIGN, render_twice
 from kvlab.facts.timing import CONTENDED_CPU_SHARE, CONTENDED_RUNS_SHARE, UNSTABLE_IQR_SHARE
 from kvlab.io import read_csv_rows, read_json
 from kvlab.present import beyond, clocks
@@ -102,7 +103,9 @@ def same_generation(results: dict) -> dict:
     if latency and latency["new_tokens"] == count["new_tokens"]:
         timings.append(("latency", clocks.latency_speedup(latency)))
     judged = one_clock([pair["wall"] for _, pair in timings], [pair["cpu"] for _, pair in timings])
-    items = [{"what": what, **{key: value[key] for key in ("ratio", "low", "high")}}
+    # `n`: the size that names the timing among its part's (the sweep's N), for its mark
+    items = [{"what": what, "n": count["new_tokens"] if what == "sweep" else None,
+              **{key: value[key] for key in ("ratio", "low", "high")}}
              for (what, _), value in zip(timings, judged["values"])]
     verdict = agreement(judged["intervals"])
     return {"timings": items, "clock": judged["clock"], "agreement": verdict["verdict"], "several": len(items) > 1,
@@ -259,10 +262,14 @@ _BLOCK_START = ("#", "|", "- ", "* ", "> ", ">", "![", " ", "\t")
 def one_line_paragraphs(text: str) -> str:
     """The templates write a paragraph a sentence a line (each sentence a verdict's choice); the report
     gives each paragraph one line, its sentences joined by a space, as Markdown renders it anyway: a
-    reader's editor shows it as one paragraph, and its length in lines is its length in paragraphs."""
+    reader's editor shows it as one paragraph, and its length in lines is its length in paragraphs. A
+    heading holds its section's first block close (no blank line after it, as Markdown renders it
+    anyway), and no two blank lines follow each other."""
     lines: list[str] = []
     for line in text.split("\n"):
         previous = lines[-1] if lines else ""
+        if not line and (previous.startswith("#") or (lines and not previous)):
+            continue
         if line and previous and not line.startswith(_BLOCK_START) and not previous.startswith(_BLOCK_START) \
                 and not previous.endswith("  "):
             lines[-1] = f"{previous} {line}"
@@ -302,4 +309,7 @@ def render_report(template_path, result_paths: dict[str, str], language: str, gi
         context = beyond_context(results, figures, build)
     else:
         context = sheet_context(results, given or {}, build)
-    return one_line_paragraphs(sandboxed_template(template_path, language=language).render(lang=language, **context))
+    template = sandboxed_template(template_path, language=language)
+    text = render_twice(lambda marks: template.render(lang=language, mark=marks, marks=marks, sign=SIGN, **context),
+                        disturbed_timings(results))
+    return one_line_paragraphs(text)

@@ -118,10 +118,9 @@ def on_clock(wall: dict, cpu: dict | None) -> dict:
     clock's when neither side waited; the CPU clock's when one did, since the wall then counts another
     program's time as this one's (a result written before the CPU clock was read, `cpu` None, keeps
     the wall's). Returns the chosen ratio, its interval, its verdict against 1 (`against`) and `clock`
-    ("wall" or "cpu")."""
+    ("wall" or "cpu"), and the chosen one's other keys (what names its timings, for their marks)."""
     chosen, clock = (cpu, "cpu") if wall["contended"] and cpu is not None else (wall, "wall")
-    return {"ratio": chosen["ratio"], "low": chosen["low"], "high": chosen["high"],
-            "verdict": against((chosen["low"], chosen["high"]), 1.0), "clock": clock}
+    return {**chosen, "verdict": against((chosen["low"], chosen["high"]), 1.0), "clock": clock}
 
 
 def one_clock(walls, cpus) -> dict:
