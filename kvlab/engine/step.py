@@ -186,20 +186,24 @@ def panel_layout(shape: Shape, plan: StepPlan, width: int) -> list[tuple[str, tu
     return [(name, size, ops.panel_size(*size, width)) for name, size in layout]
 
 
+def laid_out(flat: torch.Tensor, layout: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """Each named tensor of `layout` as a view of `flat`, where they lie end to end in its order."""
+    views, offset = {}, 0
+    for name, size in layout:
+        count = math.prod(size)
+        views[name] = flat[offset : offset + count].view(size)
+        offset += count
+    return views
+
+
 def unpack(packed: torch.Tensor, shape: Shape, plan: StepPlan, panels: torch.Tensor | None = None,
            width: int = 0) -> ModelWeights:
     """The packed weights as the step reads them: views, no copy (in compiled code, not even a call);
     with their `panels` (PackedWeights.panels, `width` columns a panel), the products' panels beside
     them (LayerWeights.panels, ModelWeights.lm_head_panels)."""
-    views, offset = {}, 0
-    for name, size in pack_layout(shape, plan):
-        count = math.prod(size)
-        views[name] = packed[offset : offset + count].view(size)
-        offset += count
-    laid, offset = {}, 0
-    for name, _, count in panel_layout(shape, plan, width) if panels is not None else ():
-        laid[name] = panels[offset : offset + count]
-        offset += count
+    views = laid_out(packed, pack_layout(shape, plan))
+    laid = laid_out(panels, [(name, (count,)) for name, _, count in panel_layout(shape, plan, width)]) \
+        if panels is not None else {}
 
     def pieces(source: dict, index: int, *names: str) -> tuple[torch.Tensor, ...]:
         return tuple(source[f"{index}.{name}"] for name in names if f"{index}.{name}" in source)
@@ -270,14 +274,11 @@ class PackedWeights:
 
     def _lay_out_panels(self) -> None:
         """The packed products' weights copied into their panels (kvlab::linear_panels)."""
-        views, offset = {"lm_head": self.views.lm_head}, 0
-        for name, size in self.layout:
-            views.setdefault(name, self.packed[offset : offset + math.prod(size)].view(size))
-            offset += math.prod(size)
-        offset = 0
-        for name, _, count in panel_layout(self.shape, self.plan, self.panel_width):
-            self.panels[offset : offset + count].copy_(ops.linear_panels(views[name]))
-            offset += count
+        views = {**laid_out(self.packed, self.layout), "lm_head": self.views.lm_head}
+        layout = panel_layout(self.shape, self.plan, self.panel_width)
+        panels = laid_out(self.panels, [(name, (count,)) for name, _, count in layout])
+        for name, _, _ in layout:
+            panels[name].copy_(ops.linear_panels(views[name]))
 
     def _versions(self) -> list[tuple[int, int]]:
         """Where each of the model's weights lies and how often it was changed in place."""
@@ -289,12 +290,10 @@ class PackedWeights:
         version = self._versions()
         if version == self._packed_from:
             return
-        model, offset = self._model(), 0
+        model = self._model()
         with torch.no_grad():
-            for name, size in self.layout:
-                count = math.prod(size)
-                self.packed[offset : offset + count].view(size).copy_(piece_source(model, name, self.shape))
-                offset += count
+            for name, view in laid_out(self.packed, self.layout).items():
+                view.copy_(piece_source(model, name, self.shape))
             if self.panels is not None:
                 self._lay_out_panels()
         self._packed_from = version

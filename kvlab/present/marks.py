@@ -43,8 +43,7 @@ class Marks:
         return f"{SIGN}{','.join(str(number) for number in sorted(set(numbers)))}" if numbers else ""
 
     def listed(self) -> list[dict]:
-        """The marks handed out, as the list's template names them (kvlab.present.report.grouped's
-        shape): one group the marks of one part, mode and name, {what, mode, name, points}, in the order
+        """The marks handed out, as the list's template (timing_name.md.j2) names them: one group the marks of one part, mode and name, {what, mode, name, points}, in the order
         their first mark came, each point the timing with its mark's `number`."""
         groups: dict = {}
         for entry in self.used:

@@ -232,21 +232,22 @@ SHEET_SECTIONS = (kv_section, temperature_section, topp_section)
 
 
 def sheet_context(results: dict, given: dict[str, bool], build: dict | None = None) -> dict:
-    """Everything `report.md` reads: the provenance, the timings the machine disturbed, every section's."""
-    context = {"provenance": provenance(results, given, build), "disturbed": disturbed(results), **RULES}
+    """Everything `report.md` reads: the provenance and every section's (the disturbed timings' marks are
+    handed out as it renders, kvlab.present.marks)."""
+    context = {"provenance": provenance(results, given, build), **RULES}
     for section in SHEET_SECTIONS:
         context.update(section(results))
     return context
 
 
 def beyond_context(results: dict, figures: dict[str, str], build: dict | None = None) -> dict:
-    """Everything `beyond.md` reads: the provenance, the timings the machine disturbed, the one
-    generation timed several ways, and the sections beyond the sheet whose results were given (each
-    with its figure)."""
+    """Everything `beyond.md` reads: the provenance, the one generation timed several ways, and the
+    sections beyond the sheet whose results were given (each with its figure); the disturbed timings'
+    marks are handed out as it renders (kvlab.present.marks)."""
     runs = results["time_runs"]
     context = {"build": {**UNRECORDED, **(build or {})},
                "machine": {"processor": runs["processor"], "device": runs["device"], "threads": runs["torch_threads"]},
-               "disturbed": disturbed(results), **RULES,
+               **RULES,
                "same_generation": same_generation(results), "figures": figures,
                "token_ratio": results["counts"]["fed_without_cache"] / results["counts"]["fed_with_cache"]}
     for section in (*beyond.SECTIONS, chain_section):
