@@ -23,7 +23,7 @@ from matplotlib import font_manager
 import kvlab.config as lab_config
 from kvlab.grade import check
 from kvlab.measure import curves, steps
-from kvlab.present import beyond_figures, drawing, fonts, i18n, sheet_figures, tables
+from kvlab.present import beyond_figures, drawing, fonts, i18n, marks, sheet_figures, tables
 from kvlab.measure.capacity import GIB, capacity_rows, vllm_line
 from kvlab.engine.config import MiniMindConfig
 from kvlab.facts.formulas import fed_formulas
@@ -456,6 +456,69 @@ def test_each_figure_in_each_language_without_missing_glyphs(built, tmp_path, mo
             assert HANGUL.search(text["Title"]), text
             legends = [t.get_text() for axis in fig.axes if axis.get_legend() for t in axis.get_legend().get_texts()]
             assert not [t for t in legends if re.match(r"(shared|distinct)\b", t)], legends  # the modes in Korean
+
+
+# a timed figure: its result file and each row's points, where the reports' mark goes when the row's
+# timing is disturbed
+TIMED_FIGURES = {
+    "cost_curves": (sheet_figures.cost_curves, "sweep.csv",
+                    lambda row: [(row["new_tokens"], row["with_cache_s"]), (row["new_tokens"], row["without_cache_s"])]),
+    "batch": (beyond_figures.batch, "batch.tsv", lambda row: [(row["B"], row["S_TG t/s"]), (row["B"], row["ms_per_step"])]),
+    "compare": (beyond_figures.compare, "compare.csv", lambda row: [(row["parameters"], row["speedup"])]),
+}
+
+
+def disturbed_marks(fig) -> list:
+    return sorted(tuple(float(v) for v in text.xy) for ax in fig.axes for text in ax.texts
+                  if text.get_gid() == drawing.DISTURBED)
+
+
+def legend_texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()] + \
+        [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+@pytest.mark.parametrize("figure", sorted(TIMED_FIGURES))
+def test_a_disturbed_timing_carries_the_reports_mark_where_its_figure_draws_it(built, tmp_path, monkeypatch, figure):
+    """The figure draws the reports' mark beside the points of the one timing made disturbed, and says in
+    its legend what the mark means; a figure of quiet timings draws neither."""
+    function, source, points = TIMED_FIGURES[figure]
+    rows = pd.read_csv(built / source, sep="\t" if source.endswith(".tsv") else ",").to_dict("records")
+    for row in rows:
+        row.update(unstable=False, contended=False)
+    explained = drawing.COMMON_LABELS["disturbed"]
+    fig = drawn(monkeypatch, function, rows, tmp_path / "quiet.png")
+    assert disturbed_marks(fig) == [] and explained not in legend_texts(fig)
+    rows[len(rows) // 2]["unstable"] = True
+    fig = drawn(monkeypatch, function, rows, tmp_path / "disturbed.png")
+    assert disturbed_marks(fig) == sorted((float(x), float(y)) for x, y in points(rows[len(rows) // 2]))
+    assert explained in legend_texts(fig)
+
+
+def test_the_marks_in_the_anatomy_and_the_step_times_follow_their_timings(built, tmp_path, monkeypatch):
+    """The opened step and the context curve mark the timings flagged and no other; the per-step figure
+    marks the TTFT and TPOT of the mode whose generations were disturbed."""
+    data = load(built, "step_anatomy.json")
+    anatomy, curve = data["anatomy"], data["curve"]
+    for name in anatomy["steps"]:
+        anatomy[name]["step"].update(unstable=False, contended=False)
+    for kind in curve["kinds"]:
+        for row in curve[kind]["steps"]:
+            row.update(unstable=False, contended=False)
+    anatomy["without_cache"]["step"]["unstable"] = True
+    kind = curve["kinds"][-1]
+    curve[kind]["steps"][0]["unstable"] = True
+    fig = drawn(monkeypatch, beyond_figures.step_anatomy, data, tmp_path / "step_anatomy.png")
+    assert disturbed_marks(fig) == sorted([(float(anatomy["without_cache"]["step_ms"]), 0.4),
+                                           (float(curve["contexts"][0]), float(curve[kind]["step_ms"][0]))])
+    latency = load(built, "latency.json")
+    for label in ("with_cache", "without_cache"):
+        latency[label]["generate"].update(unstable=False, contended=False)
+    latency["without_cache"]["generate"]["unstable"] = True
+    fig = drawn(monkeypatch, sheet_figures.step_times, latency, tmp_path / "step_times.png")
+    marked = [text for text in legend_texts(fig) if text.endswith(marks.SIGN)]
+    assert len(marked) == 2 and all(text.startswith("without cache") for text in marked), legend_texts(fig)
+    assert drawing.COMMON_LABELS["disturbed"] in legend_texts(fig)
 
 
 def test_anatomy_figure_gives_the_cached_steps_an_axis_of_their_own(built, tmp_path, monkeypatch):

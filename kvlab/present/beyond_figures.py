@@ -17,7 +17,7 @@ import numpy as np
 
 from kvlab.facts.compare import average_step_s, fixed_share
 from kvlab.facts.formulas import VLLM_PAPER, fits_budgets
-from kvlab.present.drawing import WITH_CACHE_COLOR, drawing, save
+from kvlab.present.drawing import WITH_CACHE_COLOR, disturbed, drawing, mark_disturbed, save
 from kvlab.present.i18n import N_
 
 # the gid of what a test looks for: the band of the vLLM paper's existing systems
@@ -121,6 +121,9 @@ def compare(rows: list[dict], path, language: str = "en") -> None:
                       mew=1.5, label=text("predicted_speedup"))
         for x, y, name in zip(params, [row["speedup"] for row in rows], names):
             speed_ax.annotate(name, (x, y), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
+        flagged = disturbed({"compare": rows})
+        mark_disturbed(speed_ax, [(x, row["speedup"]) for x, row in zip(params, rows)
+                                  if flagged("compare", name=row["name"])], text)
         speed_ax.set_xscale("log")
         speed_ax.set_yscale("log")
         speed_ax.set_xlim(params.min() / 2.5, params.max() * 2.5)
@@ -171,6 +174,8 @@ def batch(rows: list[dict], path, language: str = "en") -> None:
     with drawing(language, LABELS) as text:
         fig, (speed_ax, step_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
         top = max(row["S_TG_high"] for row in rows)
+        flagged = disturbed({"batch": rows})
+        marks = {speed_ax: [], step_ax: []}
         for mode, (color, marker) in styles.items():
             mode_rows = [row for row in rows if row["mode"] == mode]
             if not mode_rows:
@@ -182,9 +187,13 @@ def batch(rows: list[dict], path, language: str = "en") -> None:
                                                   [row["S_TG_high"] for row in mode_rows] - speed],
                               fmt=f"{marker}-", color=color, capsize=3, label=label)
             step_ax.plot(sizes, [row["ms_per_step"] for row in mode_rows], f"{marker}-", color=color, label=label)
+            for ax, key in ((speed_ax, "S_TG t/s"), (step_ax, "ms_per_step")):
+                marks[ax] += [(row["B"], row[key]) for row in mode_rows if flagged("batch", mode, n=row["B"])]
             if mode == "shared":
                 # every row for the price of the smallest B's step
                 speed_ax.plot(sizes, speed[0] * sizes / sizes[0], ":", color="grey", label=text("ideal_scaling"))
+        for ax, points in marks.items():
+            mark_disturbed(ax, points, text)
         # B on a linear axis, as both quantities: a step costing fixed + per row × B is a straight line;
         # every B measured has its tick and label, smaller where neighbours crowd (1, 2, 4 on a long axis)
         sizes = sorted({row["B"] for row in rows})
@@ -253,11 +262,12 @@ ANATOMY_COLORS = {"fixed": "lightgray", "matmul": "tab:blue", "attention": "tab:
 CURVE_STYLES = {"cat": (WITH_CACHE_COLOR, "o"), "static": ("tab:green", "s"), "compiled": ("tab:purple", "^")}
 
 
-def anatomy_bars(ax, anatomy: dict, names: list[str], text, labels: dict) -> float:
+def anatomy_bars(ax, anatomy: dict, names: list[str], text, labels: dict, flagged) -> float:
     """The steps `names` of `anatomy` as stacked bars of milliseconds by part on `ax`, each with the
     step timed without the profiler as a black mark and its quartiles, and its sum, fixed share and
     how far it is off the mark beside it; the axis runs to 1.9 times the longest, leaving the words
-    room. Returns the axis' end (ms)."""
+    room; the mark of a step whose timing the machine disturbed (`flagged`, drawing.disturbed) beside
+    its black mark. Returns the axis' end (ms)."""
     positions = np.arange(len(names))[::-1]
     ends = np.zeros(len(names))
     for part in anatomy["parts"]:
@@ -273,6 +283,8 @@ def anatomy_bars(ax, anatomy: dict, names: list[str], text, labels: dict) -> flo
         step = anatomy[name]
         ax.annotate(text("anatomy_label", sum=end, fixed=100 * step["shares"]["fixed"], off=100 * step["sum_of_parts_off"]),
                     (max(end, top), y), textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
+    mark_disturbed(ax, [(step_ms, y + 0.4) for step_ms, y, name in zip(measured, positions, names)
+                        if flagged("anatomy", name)], text)
     ax.set_yticks(positions, [text(labels[name]) for name in names], fontsize=8)
     ax.set_ylim(-0.5, len(names) - 0.5 + 0.25)
     right = max(ends.max(), q3.max()) * 1.9
@@ -295,10 +307,11 @@ def step_anatomy(data: dict, path, language: str = "en") -> None:
         grid = fig.add_gridspec(2, 2, width_ratios=[1.2, 1], height_ratios=[len(cached), 1])
         cached_ax, uncached_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0])
         right = fig.add_subplot(grid[:, 1])
-        cached_end = anatomy_bars(cached_ax, anatomy, cached, text, labels)
+        flagged = disturbed({"step_anatomy": data})
+        cached_end = anatomy_bars(cached_ax, anatomy, cached, text, labels, flagged)
         cached_ax.set_title(text("anatomy_title", context=anatomy["context_tokens"]))
         cached_ax.set_xlabel(text("cached_ms"), fontsize=8)
-        anatomy_bars(uncached_ax, anatomy, ["without_cache"], text, labels)
+        anatomy_bars(uncached_ax, anatomy, ["without_cache"], text, labels, flagged)
         uncached_ax.axvspan(0, cached_end, color="gold", alpha=0.18, zorder=0, label=text("cached_axis", end=cached_end))
         uncached_ax.set_xlabel(text("profiled_ms"), fontsize=8)
         # one legend for both panels, under them: the parts, the mark, the shaded span
@@ -307,6 +320,7 @@ def step_anatomy(data: dict, path, language: str = "en") -> None:
         span = [(handle, name) for handle, name in zip(extra_handles, extra_names) if name not in names]
         uncached_ax.legend(handles + [handle for handle, _ in span], names + [name for _, name in span], fontsize=7,
                            loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3)
+        marked = []
         for kind in curve["kinds"]:
             color, marker = CURVE_STYLES[kind]
             row = curve[kind]
@@ -314,6 +328,8 @@ def step_anatomy(data: dict, path, language: str = "en") -> None:
             right.errorbar(curve["contexts"], median, yerr=[median - np.array(row["q1_ms"]), np.array(row["q3_ms"]) - median],
                            color=color, marker=marker, capsize=3, lw=1,
                            label=text(f"cache_{kind}", mode=row.get("mode")))
+            marked += [(context, ms) for context, ms in zip(curve["contexts"], median) if flagged("curve", kind, n=context)]
+        mark_disturbed(right, marked, text)
         right.set_xlabel(text("cache_context"))
         right.set_ylabel(text("decode_step_ms"))
         right.set_ylim(bottom=0)  # from zero: the step's fixed part is most of it

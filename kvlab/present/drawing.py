@@ -24,13 +24,23 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
+from kvlab.facts.disturbed import KEY, disturbed_timings  # noqa: E402
 from kvlab.io import atomic_path  # noqa: E402
 from kvlab.present.fonts import HANGUL_FONT, hangul_font_path  # noqa: E402  (the figures' face)
-from kvlab.present.i18n import check_language, gettext_for  # noqa: E402
+from kvlab.present.i18n import N_, check_language, gettext_for  # noqa: E402
+from kvlab.present.marks import SIGN  # noqa: E402
 
 # the two modes' colours in every figure that shows them
 WITH_CACHE_COLOR = "tab:blue"
 WITHOUT_CACHE_COLOR = "tab:red"
+# the gid of the reports' mark drawn beside a disturbed timing's point (tests find it by it)
+DISTURBED = "disturbed_mark"
+DISTURBED_COLOR = "crimson"
+# labels every figure may draw, beside its module's own
+COMMON_LABELS = {
+    "disturbed": N_("the machine disturbed this timing (too wide a spread, or its CPU taken): "
+                    "listed at the end of beyond.md"),
+}
 
 
 def font_families(language: str) -> list[str]:
@@ -50,10 +60,28 @@ def drawing(language: str, labels: dict):
     translate = gettext_for(language)
 
     def text(key: str, **values) -> str:
-        return translate(labels[key]).format(**values)
+        return translate({**COMMON_LABELS, **labels}[key]).format(**values)
 
     with plt.rc_context({"font.family": font_families(language), "axes.unicode_minus": True}):
         yield text
+
+
+def disturbed(results: dict):
+    """Whether a timing of `results` (named as kvlab.facts.disturbed reads them) is disturbed: a function
+    of (what, mode, name, n), the fields as the reports' marks name a timing."""
+    keys = {tuple(timing[field] for field in KEY) for timing in disturbed_timings(results)}
+    return lambda what, mode=None, name=None, n=None: (what, mode, name, n) in keys
+
+
+def mark_disturbed(ax, points, text, explained: bool = False) -> None:
+    """The reports' mark (kvlab.present.marks' sign) beside each point (x, y) whose timing the machine
+    disturbed, and one legend entry saying what it means (also where a label of the caller's carries
+    the sign: `explained`); nothing where neither. Before the axes' legend is made."""
+    for x, y in points:
+        ax.annotate(SIGN, (x, y), textcoords="offset points", xytext=(5, 3), color=DISTURBED_COLOR, fontsize=12,
+                    fontweight="bold", gid=DISTURBED)
+    if points or explained:
+        ax.plot([], [], ls="none", marker=f"${SIGN}$", color=DISTURBED_COLOR, label=text("disturbed"))
 
 
 def drawn_text(fig) -> tuple[str, list[str]]:

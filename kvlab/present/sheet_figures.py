@@ -14,8 +14,9 @@ import matplotlib.pyplot as plt
 from matplotlib.legend_handler import HandlerTuple
 import numpy as np
 
-from kvlab.present.drawing import (WITH_CACHE_COLOR, WITHOUT_CACHE_COLOR, drawing, one_two_five, plain_log_ticks,
-                                   save)
+from kvlab.present.drawing import (WITH_CACHE_COLOR, WITHOUT_CACHE_COLOR, disturbed, drawing, mark_disturbed,
+                                   one_two_five, plain_log_ticks, save)
+from kvlab.present.marks import SIGN
 from kvlab.present.i18n import N_
 
 # the gid of what a test looks for: the lines marking the lab sheet's own p values or temperatures
@@ -102,6 +103,10 @@ def cost_curves(rows: list[dict], path, language: str = "en") -> None:
 
         time_ax.plot(n, [row["with_cache_s"] for row in rows], "o-", **with_cache)
         time_ax.plot(n, [row["without_cache_s"] for row in rows], "s-", **without_cache)
+        flagged = disturbed({"sweep": rows})
+        mark_disturbed(time_ax, [(row["new_tokens"], row[f"{mode}_s"]) for row in rows
+                                 if flagged("sweep", n=row["new_tokens"]) for mode in ("with_cache", "without_cache")],
+                       text)
         time_ax.set_xlabel(text("new_tokens"))
         time_ax.set_ylabel(text("median_time"))
         time_ax.set_title(text("time_title"))
@@ -120,6 +125,9 @@ def step_times(latency: dict, path, language: str = "en") -> None:
     def predicted_ms(fed):
         return (fit["fixed_s"] + fit["per_token_s"] * np.asarray(fed, dtype=float)) * 1000
 
+    # a mode whose timed generations the machine disturbed: its TTFT and TPOT carry the reports' mark
+    flagged = disturbed({"latency": latency})
+    marked = {label: SIGN if flagged("latency", label) else "" for label in ("with_cache", "without_cache")}
     with drawing(language, LABELS) as text:
         fig, (context_ax, fed_ax) = plt.subplots(1, 2, figsize=(12, 5.4))
         for label, color, marker in (("without_cache", WITHOUT_CACHE_COLOR, "s"),
@@ -128,9 +136,10 @@ def step_times(latency: dict, path, language: str = "en") -> None:
             ms = np.array(mode["step_s"]) * 1000
             for ax, x in ((context_ax, mode["context_tokens"]), (fed_ax, mode["fed_tokens"])):
                 ax.plot(x[1:], ms[1:], marker, ms=4, color=color,
-                        label=text("decode_steps", mode=text(label), tpot=mode["tpot_s"] * 1000))
+                        label=text("decode_steps", mode=text(label), tpot=mode["tpot_s"] * 1000) + marked[label])
                 ax.plot(x[:1], ms[:1], marker, ms=11, mfc="none", mew=2, color=color,
-                        label=text("prefill_step", mode=text(label), ttft=mode["ttft_s"] * 1000))
+                        label=text("prefill_step", mode=text(label), ttft=mode["ttft_s"] * 1000) + marked[label])
+        mark_disturbed(context_ax, [], text, explained=any(marked.values()))
         # each step's prediction at its own context: one token fed with the cache, the context without
         predictions = [context_ax.plot(latency[label]["context_tokens"], predicted_ms(latency[label]["fed_tokens"]),
                                        "_", ms=4, mew=1.2, color="black")[0] for label in ("without_cache", "with_cache")]
