@@ -109,8 +109,7 @@ def same_generation(results: dict) -> dict:
              for (what, _), value in zip(timings, judged["values"])]
     verdict = agreement(judged["intervals"])
     return {"timings": items, "clock": judged["clock"], "agreement": verdict["verdict"], "several": len(items) > 1,
-            "apart": [(items[i]["what"], items[j]["what"]) for i, j in verdict["apart"]],
-            "sheet": {key: results["time_runs"]["speedup"][key] for key in ("ratio", "low", "high")}}
+            "apart": [(items[i]["what"], items[j]["what"]) for i, j in verdict["apart"]]}
 
 
 # --- the sheet's sections -----------------------------------------------------------------------------
