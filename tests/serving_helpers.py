@@ -45,10 +45,11 @@ def serve(model, config: ServingConfig, requests, on_draw=None):
     return engine.run(), engine
 
 
-def mismatches(model, result, requests) -> list[int]:
-    """The requests whose samples differ from `generate` alone: counted, not assumed away."""
+def mismatches(model, result, requests, kv_dtype: str = "float32") -> list[int]:
+    """The requests whose samples differ from `generate` alone (its cache in `kv_dtype`, the engine's):
+    counted, not assumed away."""
     return [index for index, (output, (prompt, params, _)) in enumerate(zip(result.outputs, requests))
-            if output.samples != alone(model, prompt, params)]
+            if output.samples != alone(model, prompt, params, kv_dtype=kv_dtype)]
 
 
 def assert_pool_empty(engine) -> None:

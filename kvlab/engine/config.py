@@ -14,6 +14,10 @@ from dataclasses import asdict, dataclass
 
 # Bytes of one element of each dtype the config's `dtype` key allows.
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
+# What the KV cache may store (kvlab.engine.kv_dtype): the model's dtypes, and int8 with a float32 scale
+# per token and KV head.
+KV_BYTES_PER_ELEMENT = {**BYTES_PER_ELEMENT, "int8": 1}
+KV_SCALE_BYTES = {"int8": 4}
 
 
 @dataclass
@@ -61,5 +65,7 @@ class MiniMindConfig:
 
     def kv_bytes_per_token(self, dtype: str = "float32") -> int:
         """Bytes the KV cache holds per token: K and V, for every layer, of the KV heads (before
-        repeat_kv), head_dim elements each, of `dtype` ("float32", "float16", "bfloat16")."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * BYTES_PER_ELEMENT[dtype]
+        repeat_kv), head_dim elements each, of `dtype` ("float32", "float16", "bfloat16", "int8"), and
+        int8's scale, one float32 per KV head: 2 x layers x KV heads x (head_dim x element + scale)."""
+        per_head = self.head_dim * KV_BYTES_PER_ELEMENT[dtype] + KV_SCALE_BYTES.get(dtype, 0)
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * per_head

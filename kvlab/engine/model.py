@@ -16,6 +16,7 @@ query. Positions are not shifted (RoPE scores depend only on the distance betwee
 The cache is MiniMind's: per layer (K, V), grown by `torch.cat` at every step, so each step copies
 all it holds. `StaticCache` is the other way, beside it and never used by the lab's seven steps:
 allocated once for the final length and written in place (`generate(..., kv_cache="static")`).
+`generate(..., kv_dtype=...)` keeps MiniMind's cache in fewer bits (kvlab.engine.kv_dtype.StoredCache).
 The compiled decode step (kvlab.engine.fast.generate) drives the same loop with a step of its own;
 this module knows nothing of it.
 """
@@ -31,6 +32,7 @@ from torch import nn
 
 from kvlab.engine import sampling
 from kvlab.engine.config import MiniMindConfig
+from kvlab.engine.kv_dtype import StoredCache, StoredLayer, check as check_kv_dtype
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 KV_CACHES = ("cat", "static")
@@ -123,9 +125,13 @@ class StaticLayer:
         return self.cache.write(self.index, k, v)
 
 
+# the caches kept as an object with a view per layer (`layer(index)`, `length`, `nbytes()`)
+LAYERED = (StaticCache, StoredCache)
+
+
 def cache_length(past_key_values) -> int:
-    """Tokens a cache holds (either kind; 0 for none)."""
-    if isinstance(past_key_values, StaticCache):
+    """Tokens a cache holds (any kind; 0 for none)."""
+    if isinstance(past_key_values, LAYERED):
         return past_key_values.length
     return past_key_values[0][0].shape[1] if past_key_values else 0
 
@@ -193,9 +199,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         had_past = past_kv is not None
-        if isinstance(past_kv, StaticLayer):
+        if isinstance(past_kv, (StaticLayer, StoredLayer)):
             had_past = past_kv.start > 0
-            k, v = past_kv.write(k, v)  # (B, S, KV, D), views of the preallocated cache
+            k, v = past_kv.write(k, v)  # (B, S, KV, D): views of the preallocated cache, or read back from its dtype
         elif past_kv is not None:
             k, v = extend_cache(past_kv, k, v)  # (B, S, KV, D)
         # The cache keeps K and V *before* repeat_kv: GQA's saving is the cache's saving.
@@ -251,7 +257,7 @@ class MiniMindModel(nn.Module):
                 f"sequence of {start + fed} tokens exceeds max_position_embeddings "
                 f"({self.config.max_position_embeddings})"
             )
-        static = past_key_values if isinstance(past_key_values, StaticCache) else None
+        static = past_key_values if isinstance(past_key_values, LAYERED) else None
         if static is not None:
             past_key_values = [static.layer(index) for index in range(len(self.layers))]
         past_key_values = past_key_values or [None] * len(self.layers)
@@ -271,7 +277,7 @@ class MiniMindModel(nn.Module):
 @dataclass
 class CausalLMOutput:
     logits: torch.Tensor  # (B, T, V)
-    past_key_values: KVCache | StaticCache | None  # per layer (k, v), each (B, S, KV, D); or the StaticCache
+    past_key_values: KVCache | StaticCache | StoredCache | None  # per layer (k, v), each (B, S, KV, D); or the cache object
 
 
 class MiniMindForCausalLM(nn.Module):
@@ -338,6 +344,7 @@ class MiniMindForCausalLM(nn.Module):
         repetition_penalty: float = 1.0,
         *,
         kv_cache: str = "cat",
+        kv_dtype: str = "float32",
     ) -> torch.Tensor:
         """MiniMind's generation loop. Returns prompt + new ids, (B * num_return_sequences, P + n).
 
@@ -347,13 +354,18 @@ class MiniMindForCausalLM(nn.Module):
         their `attention_mask` (B, P); each new token extends it with a 1. `kv_cache="static"`
         (not MiniMind's; never the lab's seven steps) keeps the cache in a StaticCache allocated once
         for the final length instead of growing it by torch.cat: the same tokens, without the copies.
-        The compiled decode step is kvlab.engine.fast.generate, with the same knobs.
+        `kv_dtype` (not MiniMind's; float32, the default, is its cache) stores the cache's K and V in fewer
+        bits, read back for attention (kvlab.engine.kv_dtype). The compiled decode step is
+        kvlab.engine.fast.generate, with the same knobs.
         """
         if kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+        if check_kv_dtype(kv_dtype) != "float32" and (not use_cache or kv_cache != "cat"):
+            raise ValueError(f"kv_dtype={kv_dtype!r} is what a cache stores: it needs use_cache=True and "
+                             f"kv_cache='cat', got use_cache={use_cache}, kv_cache={kv_cache!r}")
         input_ids, attention_mask = self.generation_inputs(inputs, attention_mask, max_new_tokens, num_return_sequences,
                                                            temperature, do_sample)
-        cache = None
+        cache = StoredCache(self.config.num_hidden_layers, kv_dtype) if kv_dtype != "float32" else None
         if use_cache and kv_cache == "static":
             cache = StaticCache(self.config, input_ids.shape[0], inputs.shape[1] + max_new_tokens - 1,
                                 self.lm_head.weight.dtype, input_ids.device)
@@ -414,8 +426,9 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def kv_cache_bytes(past_key_values: KVCache | StaticCache) -> int:
-    """Bytes held by every tensor of a cache, as allocated (a StaticCache's: all it reserved)."""
-    if isinstance(past_key_values, StaticCache):
+def kv_cache_bytes(past_key_values: KVCache | StaticCache | StoredCache) -> int:
+    """Bytes held by every tensor of a cache, as allocated (a StaticCache's: all it reserved; a
+    StoredCache's: its values and scales)."""
+    if isinstance(past_key_values, LAYERED):
         return past_key_values.nbytes()
     return sum(t.numel() * t.element_size() for pair in past_key_values for t in pair)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from kvlab.engine.config import MiniMindConfig
+from kvlab.engine.kv_dtype import TORCH_DTYPES, check as check_kv_dtype
 
 
 HUGE_PAGE = 2 << 20
@@ -84,11 +85,18 @@ class BlockPool:
     """The blocks' storage and bookkeeping (see the module's docstring)."""
 
     def __init__(self, config: MiniMindConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", kv_dtype: str = "float32"):
         # one block more than the pool lends: the scratch block, where padded rows of a compiled step write
         shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
-        self.keys = [zeroed_memory(shape, dtype, device) for _ in range(config.num_hidden_layers)]
-        self.values = [zeroed_memory(shape, dtype, device) for _ in range(config.num_hidden_layers)]
+        # what the blocks store (kvlab.engine.kv_dtype): the model's values (`dtype`), or fewer bits; int8
+        # with one float32 scale per token and KV head, in pools of their own
+        storage = dtype if check_kv_dtype(kv_dtype) == "float32" else TORCH_DTYPES[kv_dtype]
+        self.keys = [zeroed_memory(shape, storage, device) for _ in range(config.num_hidden_layers)]
+        self.values = [zeroed_memory(shape, storage, device) for _ in range(config.num_hidden_layers)]
+        self.scales: list[tuple[torch.Tensor, torch.Tensor] | None] = [
+            (zeroed_memory((*shape[:3], 1), torch.float32, device), zeroed_memory((*shape[:3], 1), torch.float32, device))
+            if kv_dtype == "int8" else None for _ in range(config.num_hidden_layers)]
+        self.kv_dtype = kv_dtype
         self.scratch_block = num_blocks
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -106,8 +114,9 @@ class BlockPool:
         return self.num_blocks - len(self.free)
 
     def nbytes(self) -> int:
-        """Bytes of the blocks the pool lends (its scratch block aside)."""
-        return sum(t[:self.num_blocks].numel() * t.element_size() for t in (*self.keys, *self.values))
+        """Bytes of the blocks the pool lends (its scratch block aside), int8's scales included."""
+        scales = [t for pair in self.scales if pair for t in pair]
+        return sum(t[:self.num_blocks].numel() * t.element_size() for t in (*self.keys, *self.values, *scales))
 
     def allocate(self) -> int:
         """Take the free block freed longest ago (forgetting what it cached); its reference count is 1."""
@@ -154,6 +163,6 @@ class BlockPool:
 
     def copy(self, source: int, target: int) -> None:
         """Copy every layer's K and V of one block into another (a partial block given to a second row)."""
-        for keys, values in zip(self.keys, self.values):
-            keys[target] = keys[source]
-            values[target] = values[source]
+        for keys, values, scales in zip(self.keys, self.values, self.scales):
+            for pool in (keys, values, *(scales or ())):
+                pool[target] = pool[source]

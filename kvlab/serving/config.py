@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlab.engine.config import KV_BYTES_PER_ELEMENT
 from kvlab.facts.formulas import pool_room, request_blocks
 
 POLICIES = ("continuous", "static")
@@ -35,6 +36,10 @@ class ServingConfig:
     compile                 every row that feeds one token (decoding) goes through one compiled step,
                             all requests together (kvlab.serving.decode_step); False: every piece eager
                             (as vLLM's enforce_eager)
+    kv_dtype                what the pool's blocks store (kvlab.engine.kv_dtype): "float32", the model's
+                            own values; "bfloat16", "float16" or "int8" (with a scale per token and KV
+                            head), read back for attention, served the eager way (compile=False: the
+                            compiled step's kernel reads float32 blocks)
     step_records            the step records the engine keeps (EngineStats.steps): the last so many, None
                             for every one (a run of a trace reads them all; a server, stepping for ever,
                             keeps a few); its counts cover every step either way
@@ -49,6 +54,7 @@ class ServingConfig:
     policy: str = "continuous"
     matmuls: str = "per_request"
     compile: bool = True
+    kv_dtype: str = "float32"
     step_records: int | None = None
 
     def __post_init__(self):
@@ -60,6 +66,11 @@ class ServingConfig:
             raise ValueError(f"ServingConfig.step_records must be None or a whole number >= 1, got {self.step_records!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"ServingConfig.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.kv_dtype not in KV_BYTES_PER_ELEMENT:
+            raise ValueError(f"ServingConfig.kv_dtype must be one of {', '.join(KV_BYTES_PER_ELEMENT)}, got {self.kv_dtype!r}")
+        if self.kv_dtype != "float32" and self.compile:
+            raise ValueError(f"ServingConfig.kv_dtype {self.kv_dtype!r} is served the eager way (the compiled "
+                             "step's kernel reads float32 blocks): set compile=False")
         if self.matmuls not in MATMULS:
             raise ValueError(f"ServingConfig.matmuls must be one of {', '.join(MATMULS)}, got {self.matmuls!r}")
 

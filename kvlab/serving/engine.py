@@ -86,7 +86,8 @@ class ServingEngine:
         self.model = model
         weight = model.lm_head.weight
         self.device = weight.device
-        self.pool = BlockPool(model.config, self.config.num_blocks, self.config.block_size, weight.dtype, weight.device)
+        self.pool = BlockPool(model.config, self.config.num_blocks, self.config.block_size, weight.dtype, weight.device,
+                              self.config.kv_dtype)
         self.blocks = BlockManager(self.pool, self.config.prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks)
         self.runner = ModelRunner(model, self.pool, self.config.matmuls, self.config.compile)

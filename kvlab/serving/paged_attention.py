@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from kvlab.engine.kv_dtype import load, name_of, store
 from kvlab.engine.step import stored
 from kvlab.engine.model import apply_rope, attention
 
@@ -27,12 +28,15 @@ def slot_ids(tables: list[list[int]], start: int, end: int, block_size: int) -> 
     return blocks * block_size + positions % block_size
 
 
-def write_kv(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """Store this step's k and v, (R, T, KV, D), in one layer's pool (num_blocks, bs, KV, D) at `slots`."""
-    flat_keys = keys.view(-1, *keys.shape[2:])
-    flat_values = values.view(-1, *values.shape[2:])
-    flat_keys[slots.flatten()] = k.reshape(-1, *k.shape[2:])
-    flat_values[slots.flatten()] = v.reshape(-1, *v.shape[2:])
+def write_kv(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             scales: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Store this step's k and v, (R, T, KV, D), in one layer's pool (num_blocks, bs, KV, D) at `slots`, in
+    the pool's dtype (kvlab.engine.kv_dtype.store; int8's scales in `scales`, (num_blocks, bs, KV, 1) each)."""
+    for pool, scale_pool, x in ((keys, scales and scales[0], k), (values, scales and scales[1], v)):
+        held, scale = store(x, name_of(pool.dtype))
+        pool.view(-1, *pool.shape[2:])[slots.flatten()] = held.reshape(-1, *held.shape[2:])
+        if scale is not None:
+            scale_pool.view(-1, *scale_pool.shape[2:])[slots.flatten()] = scale.reshape(-1, *scale.shape[2:])
 
 
 def block_index(tables: list[list[int]], length: int, block_size: int) -> torch.Tensor:
@@ -41,25 +45,34 @@ def block_index(tables: list[list[int]], length: int, block_size: int) -> torch.
     return torch.tensor([table[:used] for table in tables])
 
 
-def gather_kv(keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor, length: int):
+def gather_kv(keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor, length: int,
+              scales: tuple[torch.Tensor, torch.Tensor] | None = None, dtype: torch.dtype | None = None):
     """Each row's first `length` positions, read block by block (`blocks`, from block_index): (R, S, KV, D)
-    each, contiguous, the layout MiniMind's torch.cat cache has."""
+    each, contiguous, the layout MiniMind's torch.cat cache has, read back in `dtype` (the pool's if None)
+    from what the pool stores (kvlab.engine.kv_dtype.load)."""
     rows, used = blocks.shape
     block_size = keys.shape[1]
-    k = keys[blocks].reshape(rows, used * block_size, *keys.shape[2:])[:, :length].contiguous()
-    v = values[blocks].reshape(rows, used * block_size, *values.shape[2:])[:, :length].contiguous()
-    return k, v
+
+    def held(pool):
+        return pool[blocks].reshape(rows, used * block_size, *pool.shape[2:])[:, :length].contiguous()
+
+    k, v = held(keys), held(values)
+    if scales is None and (dtype is None or dtype == keys.dtype):
+        return k, v
+    return (load(k, scales and held(scales[0]), dtype or keys.dtype),
+            load(v, scales and held(scales[1]), dtype or keys.dtype))
 
 
 def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     keys: torch.Tensor, values: torch.Tensor, start: int, slots: torch.Tensor,
-                    blocks: torch.Tensor) -> torch.Tensor:
+                    blocks: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One layer's attention for one request, from its projections q (R, T, H*D), k, v (R, T, KV*D) to
     the input of o_proj (R, T, H*D). `attn` is the model's Attention (its heads, q_norm and k_norm);
     cos, sin (T, D) the RoPE tables at positions start .. start + T - 1; keys, values the layer's pool;
     `slots` where this step's positions go (slot_ids), `blocks` the blocks of every position held after
-    them (block_index). Per-head norms and RoPE, this step's K and V written into the blocks, every held
-    position gathered back through the tables, then the model's attention."""
+    them (block_index); `scales` an int8 pool's. Per-head norms and RoPE, this step's K and V written into
+    the blocks, every held position gathered back through the tables (in q's dtype, whatever the pool
+    stores), then the model's attention."""
     rows, fed, _ = q.shape
     q = q.view(rows, fed, attn.num_heads, attn.head_dim)
     k = k.view(rows, fed, attn.num_kv_heads, attn.head_dim)
@@ -67,8 +80,8 @@ def paged_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
     if attn.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    write_kv(keys, values, slots, k, v)
-    held_k, held_v = gather_kv(keys, values, blocks, start + fed)
+    write_kv(keys, values, slots, k, v, scales)
+    held_k, held_v = gather_kv(keys, values, blocks, start + fed, scales, q.dtype)
     return attention(q, held_k, held_v, attn.n_rep, attn.use_flash, had_past=start > 0)
 
 

@@ -113,9 +113,9 @@ class ModelRunner:
         attn = layer.self_attn
         normed = self.rowwise(layer.input_layernorm, hidden)
         queries, keys, values = (self.rowwise(proj, normed) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        pool_k, pool_v = self.pool.keys[index], self.pool.values[index]
+        pool_k, pool_v, scales = self.pool.keys[index], self.pool.values[index], self.pool.scales[index]
         mixed = [paged_attention(attn, q, k, v, place.cos, place.sin, pool_k, pool_v, place.piece.start, place.slots,
-                                 place.blocks)
+                                 place.blocks, scales)
                  for q, k, v, place in zip(queries, keys, values, placed)]
         hidden = [out + h for out, h in zip(self.rowwise(attn.o_proj, mixed), hidden)]
         mlp_out = self.rowwise(layer.mlp, self.rowwise(layer.post_attention_layernorm, hidden))
