@@ -122,3 +122,32 @@ rule serve_rates:
         serving=serving_settings.without(SERVING, serving_settings.TRACE_ONLY),
     script:
         "../scripts/serve_rates.py"
+
+
+# The cache in fewer bits (kvlab.measure.kv_dtype): bytes and requests that fit against where the greedy
+# tokens first change, per dtype, and the trace served from a pool of one memory budget at each. It
+# times the serving, so it takes every core.
+rule kv_dtype:
+    input:
+        **inputs("tokenizer", "pretrain", "prompt", "val_data"),
+    output:
+        kv_dtype=reported("kv_dtype"),
+    log:
+        "results/logs/kv_dtype.log",
+    benchmark:
+        "results/benchmarks/kv_dtype.tsv"
+    threads: all_cores
+    resources:
+        **model_job("pretrain", timed=True),
+    params:
+        **timed_params(),
+        settings=EXTRAS["kv_dtype"],
+        tokens=config["lab"]["kvbytes"]["tokens"],
+        seed=config["lab"]["kvbytes"]["seed"],
+        lab_new_tokens=config["lab"]["time"]["new_tokens"],
+        topp=config["lab"]["topp"],
+        budget_gib=EXTRAS["capacity"]["budgets_gib"][0],
+        minimind=EXTRAS["capacity"]["architectures"][0],
+        serving=serving_settings.without(SERVING, serving_settings.RATE_SWEEP),
+    script:
+        "../scripts/kv_dtype.py"

@@ -470,7 +470,6 @@
     if (!rows.length) return;
     const first = rows[0];
     const perToken = first.bytes_per_token_formula;
-    const element_bytes = perToken / (2 * first.layers * first.kv_heads * first.head_dim);
     // what the student typed, refused when it is no count of tokens or no amount of memory (never read as 1 or 0)
     const tokens = Number(tokensInput.value), budget = Number(budgetInput.value);
     const badTokens = tokensInput.value.trim() === "" || !Number.isInteger(tokens) || tokens < 1;
@@ -489,8 +488,10 @@
     }
     const counted = requestsThatFit(budget, perToken, tokens);
     document.getElementById("cap-per-token").textContent = bytes(perToken);
-    document.getElementById("cap-per-token-formula").textContent =
-      `2 × ${first.layers} × ${first.kv_heads} × ${first.head_dim} × ${element_bytes}`;
+    // int8 keeps a float32 scale per token and KV head beside its head_dim bytes
+    document.getElementById("cap-per-token-formula").textContent = first.scale_bytes
+      ? `2 × ${first.layers} × ${first.kv_heads} × (${first.head_dim} × ${first.bytes_per_element} + ${first.scale_bytes})`
+      : `2 × ${first.layers} × ${first.kv_heads} × ${first.head_dim} × ${first.bytes_per_element}`;
     document.getElementById("cap-per-request").textContent = bytes(perToken * tokens);
     document.getElementById("cap-per-request-formula").textContent = `${integer(perToken)} × ${integer(tokens)}`;
     document.getElementById("cap-fit").textContent = integer(counted.fit);

@@ -112,3 +112,60 @@ def test_fewer_bits_change_the_tokens_somewhere_and_float32_never():
     knobs = dict(max_new_tokens=200, eos_token_id=None, **GREEDY)
     base = model.generate(prompt, **knobs)
     assert not torch.equal(base, model.generate(prompt, kv_dtype="int8", **knobs))
+
+
+# --- the rule and its section --------------------------------------------------------------------------
+
+def test_the_builds_kv_dtype_csv_holds_its_numbers_against_the_formula_and_generate(course_build):
+    """The shared build's results/kv_dtype.csv: a row per dtype, float32 first and unchanged; every cache
+    weighed equals the formula; fewer bytes buy more blocks from the same pool; every served request
+    equals generate alone with its cache in the same dtype; the section and its figure are in beyond.md."""
+    from kvlab.io import read_csv_rows
+
+    results = course_build / "results"
+    rows = read_csv_rows(results / "kv_dtype.csv")
+    assert [row["kv_dtype"] for row in rows] == list(KV_DTYPES)
+    base = rows[0]
+    assert all(base[key] for key in base if key.startswith("same_")) and base["max_kl"] == 0
+    assert all(row["bytes_measured"] == row["bytes_formula"] == row["tokens"] * row["bytes_per_token"] for row in rows)
+    by_bytes = sorted(rows, key=lambda row: row["bytes_per_token"])
+    assert [row["pool_blocks"] for row in by_bytes] == sorted((row["pool_blocks"] for row in rows), reverse=True)
+    assert all(row["mismatches"] == 0 and row["checked"] > 0 for row in rows)
+    assert all(row["fits_lab"] >= base["fits_lab"] for row in rows)
+    beyond = (results / "beyond.md").read_text(encoding="utf-8")
+    assert "## 더 적은 비트의 캐시" in beyond and "figures/kv_dtype.png" in beyond
+    assert (results / "figures" / "kv_dtype.png").stat().st_size > 0
+
+
+def section_rows(int8_speed, int8_first_diff=None, bf16_first_diff=None):
+    """Two-N rows as kv_dtype.csv holds them, float32 at 100 tokens/s (90-110)."""
+    def row(name, per_token, speed, first):
+        low, value, high = speed
+        return {"kv_dtype": name, "bytes_per_token": per_token, "tokens": 10, "bytes_formula": 10 * per_token,
+                "bytes_measured": 10 * per_token, "budget_gib": 1, "lab_context": 100, "fits_lab": 2 ** 30 // (per_token * 100),
+                "minimind": "MiniMind", "minimind_context": 2048, "fits_minimind": 2 ** 30 // (per_token * 2048),
+                "same_4": first is None or first >= 4, "first_diff_4": first if first is not None and first < 4 else None,
+                "same_16": first is None, "first_diff_16": first, "max_kl": 0.0 if first is None else 1e-3,
+                "pool_blocks": 2048 // per_token, "pool_bytes": 65536, "peak_running": 2048 // per_token, "steps": 10,
+                "preemptions": 0, "tokens_per_s": value, "tokens_per_s_low": low, "tokens_per_s_high": high,
+                "iqr_share": 0.05, "unstable": False, "mismatches": 0, "checked": 5}
+    return [row("float32", 2048, (90, 100, 110), None), row("float16", 1024, (90, 100, 110), None),
+            row("bfloat16", 1024, (90, 100, 110), bf16_first_diff), row("int8", 576, int8_speed, int8_first_diff)]
+
+
+@pytest.mark.parametrize("speed, verdict", [((120, 130, 140), "above"), ((60, 70, 80), "below"),
+                                            ((100, 105, 115), "overlap")])
+@pytest.mark.parametrize("first", [None, 9])
+def test_the_sections_sentences_follow_the_numbers(speed, verdict, first):
+    """Which dtype is smallest, whether its tokens changed and where, which changed soonest, and whether its
+    throughput rose, fell or could not be told from float32's: chosen from the rows, each way."""
+    from kvlab.present.precision import kv_dtype_section
+
+    section = kv_dtype_section({"kv_dtype": section_rows(speed, first, bf16_first_diff=5 if first else None)})["kv_dtype"]
+    assert section["smallest"]["kv_dtype"] == "int8" and section["longest"] == 16
+    assert section["smallest"]["fits_gain"] == pytest.approx(section_rows(speed)[3]["fits_lab"] / section_rows(speed)[0]["fits_lab"])
+    assert section["smallest"]["against_float32"] == verdict
+    assert section["smallest"]["first_diff"] == first
+    assert (section["earliest"] is None) == (first is None)
+    if first is not None:
+        assert section["earliest"]["kv_dtype"] == "bfloat16" and section["earliest"]["first_diff"] == 5

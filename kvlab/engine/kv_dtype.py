@@ -40,6 +40,13 @@ def name_of(dtype: torch.dtype) -> str:
     return next(name for name, torch_dtype in TORCH_DTYPES.items() if torch_dtype == dtype)
 
 
+def cache_for(model, kv_dtype: str) -> "StoredCache | None":
+    """A fresh cache for `model` (a MiniMindForCausalLM) keeping `kv_dtype`: None (MiniMind's own) where
+    that is the model's dtype, else a StoredCache."""
+    same = name_of(next(model.parameters()).dtype) == kv_dtype
+    return None if same else StoredCache(model.config.num_hidden_layers, check(kv_dtype))
+
+
 def store(x: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`x` (..., D) as the cache keeps it: (values in `kv_dtype`, the int8 scales (..., 1) float32, else None)."""
     if kv_dtype == "int8":

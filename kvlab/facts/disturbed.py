@@ -29,7 +29,7 @@ LABELS = tuple(label for label, _ in MODES)
 # at which size (N, B or context).
 KEY = ("what", "mode", "name", "n")
 # The parts in the order the reports list them.
-PARTS = ("step3", "sweep", "latency", "compare", "batch", "anatomy", "curve", "serving")
+PARTS = ("step3", "sweep", "latency", "compare", "batch", "anatomy", "curve", "serving", "kv_dtype")
 
 
 def waited(usage: dict | None) -> dict:
@@ -70,8 +70,9 @@ def _row_seen(row: dict) -> dict:
 def unstable_timings(results: dict) -> list[dict]:
     """Every timing the rule calls unstable (IQR at least 10% of its median), as {what, mode | n | name,
     share}: step 3's modes, the sweep's N, the per-step timing's modes, the compared models, the
-    batches, the opened steps, the two caches' steps at each context and the serving trace's runs by
-    the quantity timed (serve_timing.csv: "serving", mode = the quantity, name = the run)."""
+    batches, the opened steps, the two caches' steps at each context, the serving trace's runs by
+    the quantity timed (serve_timing.csv: "serving", mode = the quantity, name = the run) and the trace
+    served at each cache dtype (kv_dtype.csv: "kv_dtype", mode = the dtype)."""
     found = []
     summary = results.get("time_runs", {}).get("summary", {})
     found += [{"what": "step3", "mode": label, "share": summary[label]["iqr_share"]}
@@ -99,6 +100,8 @@ def unstable_timings(results: dict) -> list[dict]:
                   for kind in curve["kinds"]
                   for context, row in zip(curve["contexts"], curve[kind]["steps"])
                   if row["unstable"]]
+    found += [{"what": "kv_dtype", "mode": row["kv_dtype"], "share": row["iqr_share"]}
+              for row in results.get("kv_dtype", []) if row["unstable"]]
     served: dict = {}
     for row in results.get("serve_timing", []):
         for side in ("baseline", "subject"):

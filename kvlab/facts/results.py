@@ -131,6 +131,8 @@ RESULTS = _results(
     Result("batch_runs", "results/batch_runs.json", timed=True),
     Result("kv_waste", "results/kv_waste.csv", BEYOND, "KV reservation"),
     Result("kv_waste_requests", "results/kv_waste_requests.json"),
+    # the cache in fewer bits (rules/serving.smk: kv_dtype)
+    Result("kv_dtype", "results/kv_dtype.csv", BEYOND, "KV cache dtype", timed=True),
     # the compiled steps the serving jobs load: the seconds compiling them took, once a build
     Result("compiled_steps", f"{SERVING_FOLDER}/compiled_steps.json", timed=True),
     # continuous batching against static on one trace (rules/serving.smk: serve_trace, serve_rates)
@@ -165,6 +167,7 @@ FIGURES = {
         Figure("compare", "compare", BEYOND_FIGURES),
         Figure("batch", "batch", BEYOND_FIGURES),
         Figure("kv_waste", "kv_waste", BEYOND_FIGURES),
+        Figure("kv_dtype", "kv_dtype", BEYOND_FIGURES),
         Figure("step_anatomy", "step_anatomy", BEYOND_FIGURES),
         Figure("decode_bench", "decode_bench", BEYOND_FIGURES),
         Figure("serve_timeline", "serve_trace", SERVING_FIGURES),

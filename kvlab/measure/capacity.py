@@ -1,7 +1,8 @@
 """How many requests' KV caches fit in a memory budget: the lab's step 4 turned into serving capacity.
 
 Bytes per token come from the lab's formula (MiniMindConfig.kv_bytes_per_token) and from a
-cache actually measured (kvlab.measure.steps.measure_kv_bytes) for each architecture and dtype.
+cache actually measured (step 4's input, `weighed`) for each architecture and each dtype the cache may
+store (kvlab.engine.kv_dtype; the model computes in its own).
 The budget is memory for the cache alone; a server such as vLLM first takes the
 weights and activations off the card's memory, and allocates the cache in blocks.
 """
@@ -13,9 +14,9 @@ import math
 
 import torch
 
-from kvlab.engine.config import MiniMindConfig
-from kvlab.engine.device import resolve_dtype
-from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.engine.config import KV_BYTES_PER_ELEMENT, KV_SCALE_BYTES, MiniMindConfig
+from kvlab.engine.kv_dtype import cache_for
+from kvlab.engine.model import MiniMindForCausalLM, kv_cache_bytes
 from kvlab.facts.compare import architecture_config
 from kvlab.facts.formulas import GIB
 from kvlab.measure import steps
@@ -40,12 +41,20 @@ def architecture_model(arch: dict, positions: int = MEASURE_POSITIONS) -> MiniMi
         return MiniMindForCausalLM(architecture_config(arch, max_position_embeddings=positions)).eval()
 
 
+def weighed(model: MiniMindForCausalLM, kv_dtype: str, tokens: int, seed: int, device) -> int:
+    """Bytes of `model`'s cache kept in `kv_dtype` (kvlab.engine.kv_dtype) after `tokens` seeded random ids
+    (step 4's input, kvlab.measure.steps.kv_bytes_input)."""
+    ids = steps.kv_bytes_input(model, tokens, seed, device)
+    with torch.inference_mode():
+        return kv_cache_bytes(model(ids, past_key_values=cache_for(model, kv_dtype), use_cache=True).past_key_values)
+
+
 def bytes_per_token(model: MiniMindForCausalLM, dtype: str, tokens: int, seed: int, device) -> dict:
-    """The cache's bytes per token of `model` cast to `dtype` ("float32", ...): the formula, and a
-    cache measured after feeding `tokens` random ids (divided by `tokens`)."""
-    model = model.to(device=device, dtype=resolve_dtype(dtype))
-    measured = steps.measure_kv_bytes(model, tokens, seed, device)
-    return {"formula": model.config.kv_bytes_per_token(dtype), "measured": measured["measured_bytes"] / tokens}
+    """The bytes per token of `model`'s cache kept in `dtype` ("float32", "float16", "int8", ...; the
+    model computes in its own): the formula, and a cache measured after feeding `tokens` random ids
+    (divided by `tokens`)."""
+    measured = weighed(model.to(device), dtype, tokens, seed, device)
+    return {"formula": model.config.kv_bytes_per_token(dtype), "measured": measured / tokens}
 
 
 def capacity_rows(name: str, config: MiniMindConfig, dtype: str, per_token: dict, contexts, budgets_gib) -> list[dict]:
@@ -63,6 +72,8 @@ def capacity_rows(name: str, config: MiniMindConfig, dtype: str, per_token: dict
                 "layers": config.num_hidden_layers,
                 "kv_heads": config.num_key_value_heads,
                 "head_dim": config.head_dim,
+                "bytes_per_element": KV_BYTES_PER_ELEMENT[dtype],
+                "scale_bytes": KV_SCALE_BYTES.get(dtype, 0),
                 "bytes_per_token_formula": per_token["formula"],
                 "bytes_per_token_measured": per_token["measured"],
                 "budget_gib": budget_gib,

@@ -222,10 +222,15 @@ def time_generation(model, prompt_ids: list[int], new_tokens: int, warmup: int, 
     return result, runs
 
 
+def kv_bytes_input(model: MiniMindForCausalLM, tokens: int, seed: int, device) -> torch.Tensor:
+    """Step 4's input: `tokens` seeded random ids (1, tokens), none of the first three (special) ids."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, model.config.vocab_size, (1, tokens), generator=generator).to(device)
+
+
 def measure_kv_bytes(model: MiniMindForCausalLM, tokens: int, seed: int, device) -> dict:
     """Step 4: feed `tokens` random ids with the cache on and weigh what comes back."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, model.config.vocab_size, (1, tokens), generator=generator).to(device)
+    ids = kv_bytes_input(model, tokens, seed, device)
     with torch.inference_mode():
         cache = model(ids, use_cache=True).past_key_values
     first_k = cache[0][0]

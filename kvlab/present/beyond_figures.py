@@ -63,6 +63,14 @@ LABELS = {
     "paper_vllm_tick": N_("paper:\nvLLM"),
     "ideal_scaling": N_("if a step cost the same at every B"),
     "kv_waste_title": N_("What the reserved cache holds ({requests} real requests), by how it is reserved"),
+    "bytes_per_token": N_("bytes a token keeps in the cache"),
+    "fits_requests": N_("{fits:,} requests\nfit {budget} GiB"),
+    "dtype_bytes_title": N_("What the cache costs: bytes a token (requests of {context} tokens that fit)"),
+    "first_change": N_("new tokens the same as float32's"),
+    "same_through": N_("the same through {n}"),
+    "differs_at": N_("new token {at} differs\n(KL at most {kl:.1e})"),
+    "dtype_tokens_title": N_("What it changes: greedy new tokens before the first that differs"),
+    "kv_dtype_title": N_("The KV cache in fewer bits, on the lab's model and prompt"),
     "part_matmul": N_("matrix products"),
     "part_attention": N_("attention"),
     "part_norm": N_("norms"),
@@ -254,6 +262,40 @@ def kv_waste(rows: list[dict], path, language: str = "en") -> None:
         ax.set_ylabel(text("reserved_share"))
         ax.set_title(text("kv_waste_title", requests=rows[0]["requests"]))
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        save(fig, path)
+
+
+def kv_dtype(rows: list[dict], path, language: str = "en") -> None:
+    """Per dtype of the cache (kv_dtype.csv): left, the bytes a token keeps, with the requests of the
+    sheet's length that fit the budget on top; right, how many greedy new tokens stay float32's before
+    the first that differs (the longest N compared where none does), with the largest KL."""
+    longest = max(int(key.split("_")[1]) for key in rows[0] if key.startswith("same_"))
+    names = [row["kv_dtype"] for row in rows]
+    positions = np.arange(len(rows))
+    with drawing(language, LABELS) as text:
+        fig, (bytes_ax, tokens_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+        bytes_ax.bar(positions, [row["bytes_per_token"] for row in rows], 0.6, color="tab:blue")
+        for x, row in zip(positions, rows):
+            bytes_ax.annotate(text("fits_requests", fits=row["fits_lab"], budget=row["budget_gib"]),
+                              (x, row["bytes_per_token"]), textcoords="offset points", xytext=(0, 3), ha="center",
+                              fontsize=7)
+        bytes_ax.set_ylim(0, max(row["bytes_per_token"] for row in rows) * 1.3)
+        bytes_ax.set_ylabel(text("bytes_per_token"))
+        bytes_ax.set_title(text("dtype_bytes_title", context=rows[0]["lab_context"]), fontsize=10)
+        kept = [longest if row[f"same_{longest}"] else int(row[f"first_diff_{longest}"]) for row in rows]
+        colors = ["tab:green" if row[f"same_{longest}"] else "tab:orange" for row in rows]
+        tokens_ax.bar(positions, kept, 0.6, color=colors)
+        for x, row, height in zip(positions, rows, kept):
+            label = (text("same_through", n=longest) if row[f"same_{longest}"]
+                     else text("differs_at", at=height + 1, kl=row["max_kl"]))
+            tokens_ax.annotate(label, (x, height), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+        tokens_ax.set_ylim(0, longest * 1.3)
+        tokens_ax.set_ylabel(text("first_change"))
+        tokens_ax.set_title(text("dtype_tokens_title"), fontsize=10)
+        for ax in (bytes_ax, tokens_ax):
+            ax.set_xticks(positions, names)
+            ax.grid(True, axis="y", alpha=0.3)
+        fig.suptitle(text("kv_dtype_title"))
         save(fig, path)
 
 

@@ -123,7 +123,8 @@ def sampling(next_token: dict, topp: dict, topp_sharp: dict, curve: list[dict], 
     }
 
 
-CAPACITY_COLUMNS = ("model", "dtype", "layers", "kv_heads", "head_dim", "bytes_per_token_formula", "budget_gib",
+CAPACITY_COLUMNS = ("model", "dtype", "layers", "kv_heads", "head_dim", "bytes_per_element", "scale_bytes",
+                    "bytes_per_token_formula", "budget_gib",
                     "context_tokens", "bytes_per_request", "max_requests", "cache_tokens")
 BATCH_COLUMNS = ("mode", "B", "PP", "TG", "N_KV", "S_TG t/s", "S_TG_low", "S_TG_high", "kv_bytes_measured")
 
