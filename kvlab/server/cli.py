@@ -26,6 +26,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from kvlab.config import DEFAULT_INPUTS
+from kvlab.engine.config import KV_BYTES_PER_ELEMENT
 from kvlab.server.serving_thread import RECENT_STEPS
 from kvlab.serving import ServingConfig
 
@@ -75,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
                         default=DEFAULTS["prefix_caching"])
     engine.add_argument("--enforce-eager", dest="compile", action="store_false", default=DEFAULTS["compile"],
                         help="every step eager, request by request (default: one compiled step for all the rows)")
+    engine.add_argument("--kv-dtype", default=DEFAULTS["kv_dtype"], choices=tuple(KV_BYTES_PER_ELEMENT),
+                        help="what the cache's blocks store (kvlab.engine.kv_dtype; the model computes in --dtype); "
+                             "other than float32, served the eager way (default: %(default)s)")
     return top
 
 
@@ -106,7 +110,11 @@ def load(args):
     mismatch = vocab_mismatch(tokenizer.vocab_size, model.config.vocab_size)
     if mismatch:
         raise ValueError(f"--tokenizer {tokenizer_dir} does not belong to --checkpoint {checkpoint}: {mismatch}")
-    config = ServingConfig(**{knob: getattr(args, knob) for knob in DEFAULTS}, step_records=RECENT_STEPS)
+    knobs = {knob: getattr(args, knob) for knob in DEFAULTS}
+    if knobs["kv_dtype"] != "float32" and knobs["compile"]:
+        log.info("--kv-dtype %s: served the eager way (the compiled step reads float32 blocks)", knobs["kv_dtype"])
+        knobs["compile"] = False
+    config = ServingConfig(**knobs, step_records=RECENT_STEPS)
     engine = ServingEngine(model, config)
     seconds = engine.warm_up()  # ready before the first request, not at its first token
     if engine.compiled:
