@@ -101,8 +101,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdir", nargs="?", default=".", type=Path)
     parser.add_argument("--unit", type=float, help="seconds of tools/calib.py on this machine")
+    parser.add_argument("--log", type=Path, help="the Snakemake log of the run to read (default: the latest)")
     args = parser.parse_args(argv)
-    logs = sorted((args.workdir / ".snakemake" / "log").glob("*.snakemake.log"))
+    logs = [args.log] if args.log else sorted((args.workdir / ".snakemake" / "log").glob("*.snakemake.log"))
     if not logs:
         print(f"{args.workdir}: no Snakemake log in .snakemake/log/ (run the build first)", file=sys.stderr)
         return 1
