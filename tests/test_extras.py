@@ -346,7 +346,7 @@ def test_english_figures_rerun_only_the_figures_and_the_report(built, course):
     jobs = dry_run_jobs(built.parent, config=config)
     assert jobs == {"figure_cost_curves": 1, "figure_step_times": 1, "figure_topp_survivors": 1,
                     "figure_temperature_effect": 1, "figure_compare": 1, "figure_batch": 1, "figure_kv_waste": 1,
-                    "figure_step_anatomy": 1, "figure_serve_timeline": 1, "figure_serve_latency": 1,
+                    "figure_kv_dtype": 1, "figure_step_anatomy": 1, "figure_serve_timeline": 1, "figure_serve_latency": 1,
                     "lab_tables": 1, "report": 1, "beyond": 1, "lab_report": 1, "explore": 1, "check": 1, "all": 1}, jobs
 
 

@@ -16,9 +16,9 @@ from helpers import ROOT, course_config, snakemake
 
 MODEL_RULES = {"inspect_checkpoint", "model_card", "same", "timing", "kvbytes", "temp", "topp", "sweep", "latency",
                "kv_capacity", "topp_curve", "temp_curve", "compare_cost", "batch", "kv_waste", "step_anatomy",
-               "compile_steps", "serve_trace", "serve_rates", "serve_bench", "explore_steps"}
+               "compile_steps", "serve_trace", "serve_rates", "serve_bench", "explore_steps", "kv_dtype"}
 TIMED_RULES = {"timing", "sweep", "latency", "compare_cost", "batch", "step_anatomy", "serve_trace", "serve_rates",
-               "serve_bench"}
+               "serve_bench", "kv_dtype"}
 MB = 1024**2
 
 

@@ -352,7 +352,7 @@ def test_the_report_says_once_what_compiling_the_serving_steps_took(course_build
     if language == "ko":
         assert "단일 요청 경로의 스텝: 이 빌드에서 컴파일함, 26.2초. 엔진의 스텝: 불러옴(앞선 빌드가 컴파일해 둔 것), 0.8초." in report
     else:
-        assert ("The single-request path's step: compiled here, 26.2 s; the engine's step: loaded (an earlier build "
+        assert ("the single-request path's step compiled here, 26.2 s; the engine's loaded (an earlier build "
                 "compiled it), 0.8 s.") in report
 
 

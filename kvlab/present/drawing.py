@@ -79,7 +79,7 @@ def mark_disturbed(ax, points, text, explained: bool = False) -> None:
     the sign: `explained`); nothing where neither. Before the axes' legend is made."""
     for x, y in points:
         ax.annotate(SIGN, (x, y), textcoords="offset points", xytext=(5, 3), color=DISTURBED_COLOR, fontsize=12,
-                    fontweight="bold", gid=DISTURBED)
+                    gid=DISTURBED)
     if points or explained:
         ax.plot([], [], ls="none", marker=f"${SIGN}$", color=DISTURBED_COLOR, label=text("disturbed"))
 
