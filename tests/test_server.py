@@ -443,6 +443,25 @@ def test_a_second_start_loads_the_step_the_first_compiled(checkpoint, tokenizer_
     assert list((tmp_path / "cache" / "aot").glob("*.pt2"))
 
 
+def test_a_cache_in_int8_serves_what_generate_gives_with_its_cache_in_int8(checkpoint, tokenizer_dir, tokenizer):
+    """`kvlab serve --kv-dtype int8`: the pool's blocks store int8, served the eager way (the log says so),
+    and a greedy answer's tokens are `generate`'s with its cache in int8."""
+    from kvlab.serving import generate_alone
+
+    ids = [tokenizer.bos_id] + tokenizer.encode("가람 마을의 특산물은")
+    args = ["--checkpoint", checkpoint, "--tokenizer", tokenizer_dir, "--served-model-name", MODEL, *SERVER_ARGS,
+            "--kv-dtype", "int8"]
+    with ServerProcess(args) as started:
+        client = openai.OpenAI(base_url=f"{started.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        answer = client.completions.create(model=MODEL, prompt=ids, max_tokens=24, temperature=0,
+                                           extra_body={"return_token_ids": True})
+        log = started.log_tail(200)
+    model, _ = load_inspected(checkpoint, inspect_checkpoint(checkpoint, "sft", {}, tokenizer, None), "cpu", "float32")
+    params = SamplingParams(max_tokens=24, eos_token_id=tokenizer.eos_id, do_sample=False, temperature=1.0)
+    assert answer.choices[0].token_ids == generate_alone(model, ids, params, kv_dtype="int8")[0]
+    assert "--kv-dtype int8: served the eager way" in log, log
+
+
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_stops_at_once_whatever_the_drain(checkpoint, tokenizer_dir, second):
     """With a drain of a minute and some twelve seconds of requests queued, a first SIGTERM starts the
