@@ -1,12 +1,12 @@
 """The cache in fewer bits, kvlab beside llama.cpp on the same weights (issue 50's yardstick): a
 hand-run tool, not a rule.
 
-    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install llama-cpp-python gguf   # builds llama.cpp
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install llama-cpp-python gguf   # builds llama.cpp (5-7 min)
     python tools/kv_dtype_llama_cpp.py [--checkpoint results/default/pretrain.pth] [--new-tokens 256]
 
 The checkpoint goes to llama.cpp as an F32 GGUF file (tools/beside_llama_cpp.py's `write_gguf`). Each
 system generates greedily on the lab's prompt (results/prompt.json) with its cache in float32 and in
-fewer bits: llama.cpp's `type_k`/`type_v` f16 and q8_0 (blocks of 32 values with one scale; a
+fewer bits: llama.cpp's `type_k`/`type_v` f16, bf16 and q8_0 (blocks of 32 values with one scale; a
 quantized V cache needs llama.cpp's flash attention, so its float32 baseline is run both ways),
 kvlab's `kv_dtype` float16, bfloat16 and int8 (one scale per token and KV head). Each is held
 against its own system's float32 cache: the same tokens, or the first new token that differs.
@@ -31,10 +31,10 @@ from kvlab.engine.kv_dtype import KV_DTYPES  # noqa: E402
 from kvlab.engine.sampling import GREEDY  # noqa: E402
 
 # llama.cpp's ggml types of a cache (ggml.h): f32, f16, q8_0
-GGML = {"f32": 0, "f16": 1, "q8_0": 8}
+GGML = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
 # (name, type of K and V, flash attention)
 LLAMA_CACHES = (("f32", "f32", False), ("f32, flash attention", "f32", True), ("f16", "f16", False),
-                ("q8_0", "q8_0", True))
+                ("bf16", "bf16", False), ("q8_0", "q8_0", True))
 
 
 def llama_tokens(path: Path, prompt: list[int], new_tokens: int, cache: str, flash: bool) -> list[int]:
