@@ -4,7 +4,7 @@ alternating. A hand-run tool (issue 37's yardstick), not a rule:
     CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install llama-cpp-python gguf   # builds llama.cpp (2-3 min)
     python tools/beside_llama_cpp.py [--checkpoint results/default/pretrain.pth] [--rounds 15]
 
-The checkpoint's weights are written as a GGUF file of llama.cpp's `qwen3` architecture (the same
+The checkpoint's weights are written as a GGUF file of llama.cpp's `qwen3` architecture (kvlab.export, the same
 layers as MiniMind: RMSNorm, RoPE on rotated halves, grouped-query attention with per-head q/k norm,
 SwiGLU, tied embeddings), every tensor in float32, the tokenizer's vocabulary and merges beside them
 (the prompt goes in as token ids, so no tokenizer runs). llama.cpp runs with one thread, its K/V cache
@@ -29,71 +29,11 @@ import torch
 from kvlab.engine import fast
 from kvlab.engine.checkpoint import load_model
 from kvlab.engine.sampling import GREEDY
+from kvlab.export.gguf_file import write as write_gguf
 from kvlab.facts import timing
 from kvlab.measure.fidelity import token_difference
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def write_gguf(model, tokenizer_json: Path, path: Path) -> None:
-    """The model's weights as a float32 GGUF file of llama.cpp's qwen3 architecture."""
-    import gguf
-
-    config = model.config
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    tokens = [""] * config.vocab_size
-    types = [gguf.TokenType.UNUSED] * config.vocab_size
-    for token, index in vocab.items():
-        if index < config.vocab_size:
-            tokens[index], types[index] = token, gguf.TokenType.NORMAL
-    for added in spec.get("added_tokens", []):
-        if added["id"] < config.vocab_size:
-            tokens[added["id"]], types[added["id"]] = added["content"], gguf.TokenType.CONTROL
-    for index, token in enumerate(tokens):
-        if not token:
-            tokens[index] = f"[UNUSED_{index}]"
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
-    writer.add_bos_token_id(config.bos_token_id)
-    writer.add_eos_token_id(config.eos_token_id)
-    writer.add_add_bos_token(False)
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-             "self_attn.k_norm": "attn_k_norm", "input_layernorm": "attn_norm",
-             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
-    for key, tensor in model.state_dict().items():
-        array = tensor.detach().to(torch.float32).numpy()
-        if key == "model.embed_tokens.weight":
-            name = "token_embd.weight"
-        elif key == "model.norm.weight":
-            name = "output_norm.weight"
-        elif key == "lm_head.weight":
-            continue  # tied: llama.cpp reads the embeddings
-        else:
-            parts = key.split(".")  # model.layers.N.<module...>.weight
-            name = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def llama_run(llm, prompt: list[int], new_tokens: int):

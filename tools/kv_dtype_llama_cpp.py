@@ -4,7 +4,7 @@ hand-run tool, not a rule.
     CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install llama-cpp-python gguf   # builds llama.cpp (5-7 min)
     python tools/kv_dtype_llama_cpp.py [--checkpoint results/default/pretrain.pth] [--new-tokens 256]
 
-The checkpoint goes to llama.cpp as an F32 GGUF file (tools/beside_llama_cpp.py's `write_gguf`). Each
+The checkpoint goes to llama.cpp as an F32 GGUF file (kvlab.export.gguf_file, as `kvlab export` writes it). Each
 system generates greedily on the lab's prompt (results/prompt.json) with its cache in float32 and in
 fewer bits: llama.cpp's `type_k`/`type_v` f16, bf16 and q8_0 (blocks of 32 values with one scale; a
 quantized V cache needs llama.cpp's flash attention, so its float32 baseline is run both ways),
@@ -20,15 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from beside_llama_cpp import ROOT, write_gguf  # noqa: E402 (the same GGUF the speed comparison writes)
+from kvlab.engine.checkpoint import load_model
+from kvlab.engine.kv_dtype import KV_DTYPES
+from kvlab.engine.sampling import GREEDY
+from kvlab.export.gguf_file import greedy, write as write_gguf
 
-from kvlab.engine.checkpoint import load_model  # noqa: E402
-from kvlab.engine.kv_dtype import KV_DTYPES  # noqa: E402
-from kvlab.engine.sampling import GREEDY  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # llama.cpp's ggml types of a cache (ggml.h): f32, f16, q8_0
 GGML = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
@@ -43,13 +42,7 @@ def llama_tokens(path: Path, prompt: list[int], new_tokens: int, cache: str, fla
     llm = Llama(model_path=str(path), n_ctx=len(prompt) + new_tokens + 8, n_batch=512, n_threads=1,
                 n_threads_batch=1, flash_attn=flash, type_k=GGML[cache], type_v=GGML[cache], logits_all=False,
                 verbose=False)
-    n_vocab = llm.n_vocab()
-    out, feed = [], prompt
-    for _ in range(new_tokens):
-        llm.eval(feed)
-        out.append(int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,)))))
-        feed = [out[-1]]
-    return out
+    return greedy(llm, prompt, new_tokens)
 
 
 def first_difference(ids: list[int], baseline: list[int]) -> str:

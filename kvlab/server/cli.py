@@ -76,6 +76,24 @@ def parser() -> argparse.ArgumentParser:
                         default=DEFAULTS["prefix_caching"])
     engine.add_argument("--enforce-eager", dest="compile", action="store_false", default=DEFAULTS["compile"],
                         help="every step eager, request by request (default: one compiled step for all the rows)")
+    export = commands.add_parser("export", help="a checkpoint as a transformers folder or a GGUF file, checked "
+                                 "there against kvlab's generate (docs/export.md)")
+    export.add_argument("checkpoint", type=Path, help="a MiniMind .pth")
+    export.add_argument("--tokenizer", type=Path, default=Path(DEFAULT_INPUTS["tokenizer"]),
+                        help="its tokenizer folder (default: %(default)s)")
+    export.add_argument("--to", required=True, choices=("hf", "gguf"),
+                        help="hf: a transformers folder; gguf: a llama.cpp file (OUT ends in .gguf)")
+    export.add_argument("out", type=Path, help="where the export goes (a path that is free)")
+    export.add_argument("--type", dest="file_type", default="f32", choices=("f32", "f16", "bf16"),
+                        help="the GGUF's weights (default: %(default)s)")
+    export.add_argument("--prompt-json", type=Path, default=Path("results/prompt.json"),
+                        help="the lab's prompt, the greedy tokens are checked on (default: %(default)s)")
+    export.add_argument("--val-data", type=Path, default=Path(DEFAULT_INPUTS["val_data"]),
+                        help="validation texts the tokenizer is checked on (default: %(default)s)")
+    export.add_argument("--texts", type=int, default=64, help="how many of them (default: %(default)s)")
+    export.add_argument("--new-tokens", type=int, default=64, help="greedy tokens checked (default: %(default)s)")
+    export.add_argument("--model-overrides", default="{}", type=json.loads,
+                        help="JSON of the config fields the checkpoint does not reveal, as the config's model_overrides")
     engine.add_argument("--kv-dtype", default=DEFAULTS["kv_dtype"], choices=tuple(KV_BYTES_PER_ELEMENT),
                         help="what the cache's blocks store (kvlab.engine.kv_dtype; the model computes in --dtype); "
                              "other than float32, served the eager way (default: %(default)s)")
@@ -204,12 +222,41 @@ def serve(args) -> int:
     return 0 if server.started else 1
 
 
+def export(args) -> int:
+    """`kvlab export`: 0 where the export holds kvlab's tokens, 1 where a check found a difference (the
+    export and its record stay), 2 where it could not be made (one line, nothing written)."""
+    from kvlab.engine.checkpoint import CheckpointError
+    from kvlab.engine.data import read_texts
+    from kvlab.engine.tokenizer import TokenizerError
+    from kvlab.export.run import ExportError, export as run_export, record_path
+    from kvlab.io import read_json
+
+    try:
+        for flag, path in (("--prompt-json", args.prompt_json), ("--val-data", args.val_data),
+                           ("CHECKPOINT", args.checkpoint)):
+            if not path.is_file():
+                raise ExportError(f"{flag} {path}: file not found")
+        record = run_export(args.checkpoint, args.tokenizer, args.to, args.out, read_json(args.prompt_json)["ids"],
+                            read_texts(args.val_data)[:args.texts], args.file_type, args.new_tokens,
+                            args.model_overrides)
+    except (ExportError, CheckpointError, TokenizerError) as err:
+        print(f"kvlab export: {err}", file=sys.stderr)
+        return 2
+    where = "transformers" if args.to == "hf" else "llama.cpp"
+    tokens = ("the same" if record["same_tokens"] else
+              f"not the same (the first differs at {record['first_difference']['position']})")
+    print(f"{args.out}: {where} gives {tokens} {record['new_tokens']} greedy tokens as kvlab's generate; its tokenizer "
+          f"differs on {record['tokenizer_differs']} of {record['tokenizer_texts']} texts; record: "
+          f"{record_path(args.to, args.out)}")
+    return 0 if record["same_tokens"] and not record["tokenizer_differs"] else 1
+
+
 def main(argv=None) -> None:
     """The `kvlab` command. Exits the process: once the server has shut down there is nothing left to
     tidy, and the interpreter's teardown of PyTorch's modules would take seconds more, so the process
     ends at once (logs and output flushed)."""
     args = parser().parse_args(argv)
-    status = serve(args) if args.command == "serve" else 2
+    status = serve(args) if args.command == "serve" else export(args)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

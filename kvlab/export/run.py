@@ -1,0 +1,96 @@
+"""One export, refused or written and checked (`kvlab export`, rule `export`): see the package."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import torch
+
+from kvlab.engine.checkpoint import load_model
+from kvlab.engine.model import MiniMindForCausalLM
+from kvlab.engine.sampling import GREEDY
+from kvlab.engine.tokenizer import load_tokenizer, vocab_mismatch
+from kvlab.export import gguf_file, hf
+from kvlab.io import write_json_atomic
+
+TARGETS = ("hf", "gguf")
+RECORD = "kvlab_export.json"
+# how to run an export in the tool it was made for (docs/export.md says the same)
+RUN = {"hf": "python -c \"import transformers as t; p = t.pipeline('text-generation', '{out}'); "
+             "print(p('민수는', max_new_tokens=32, do_sample=False)[0]['generated_text'])\"",
+       "gguf": "python -c \"from llama_cpp import Llama; "
+               "print(Llama('{out}', verbose=False)('민수는', max_tokens=32, temperature=0)['choices'][0]['text'])\""}  # inside the folder; a GGUF's record is beside it, OUT.json
+
+
+class ExportError(ValueError):
+    """What cannot be exported, in one line that names the field or the file."""
+
+
+def refusal(model: MiniMindForCausalLM, tokenizer, to: str, out: Path) -> str | None:
+    """Why this export cannot be made, before anything is written; None where it can."""
+    if to not in TARGETS:
+        return f"--to must be one of {', '.join(TARGETS)}, got {to!r}"
+    mismatch = vocab_mismatch(tokenizer.vocab_size, model.config.vocab_size)
+    if mismatch:
+        return f"the tokenizer does not belong to the checkpoint: {mismatch}"
+    if out.exists() or (to == "gguf" and record_path(to, out).exists()):
+        return f"{out}: already there (an export is written whole into a path that is free)"
+    if to == "gguf":
+        if out.suffix != ".gguf":
+            return f"{out}: a GGUF export's file name ends in .gguf"
+        why = gguf_file.refusal(model)
+        if why:
+            return why
+        for package, name in (("gguf", "gguf"), ("llama_cpp", "llama-cpp-python")):
+            if importlib.util.find_spec(package) is None:
+                return f"{name} is not installed: pip install gguf llama-cpp-python (the file is checked in llama.cpp)"
+    elif importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed: pip install 'kvlab[export]' (the folder is checked in transformers)"
+    return None
+
+
+def record_path(to: str, out: Path) -> Path:
+    return out / RECORD if to == "hf" else out.with_suffix(".json")
+
+
+def first_difference(tokens: list[int], expected: list[int]) -> dict | None:
+    at = next((index for index, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+    return None if at is None else {"position": at, "got": tokens[at], "expected": expected[at]}
+
+
+def export(checkpoint: Path, tokenizer_dir: Path, to: str, out: Path, prompt: list[int], texts: list[str],
+           file_type: str = "f32", new_tokens: int = 64, overrides: dict | None = None) -> dict:
+    """Export the checkpoint to `out` and check it there: see the package. `overrides` are the config
+    fields a checkpoint does not reveal (the workflow's model_overrides). Returns the record (also
+    written beside the export); raises ExportError, with nothing written, where it cannot be made."""
+    model = load_model(checkpoint, **(overrides or {})).eval()
+    tokenizer = load_tokenizer(tokenizer_dir)
+    out = Path(out)
+    why = refusal(model, tokenizer, to, out)
+    if why:
+        raise ExportError(why)
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, eos_token_id=None,
+                              **GREEDY)[0, len(prompt):].tolist()
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+    try:
+        if to == "hf":
+            hf.write(model, Path(tokenizer_dir), partial)
+            checked = hf.check(partial, model, prompt, expected, texts, tokenizer.encode)
+        else:
+            gguf_file.write(model, Path(tokenizer_dir) / "tokenizer.json", partial, file_type)
+            checked = gguf_file.check(partial, prompt, new_tokens, texts, tokenizer.encode)
+        differs = first_difference(checked["tokens"], expected)
+        record = {"checkpoint": str(checkpoint), "tokenizer": str(tokenizer_dir), "to": to,
+                  "file_type": file_type if to == "gguf" else "f32", "prompt_tokens": len(prompt),
+                  "new_tokens": new_tokens, "same_tokens": differs is None, "first_difference": differs,
+                  "kvlab_tokens": expected, **checked,
+                  "run": RUN[to].format(out=out)}
+        write_json_atomic(record_path(to, partial) if to == "hf" else record_path(to, out), record)
+        partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+        raise
+    return record
