@@ -29,3 +29,6 @@ rule export_model:
 rule export:
     input:
         expand("results/export/{model}/{model}.json", model=["pretrain", "sft"]),
+    threads: 1
+    resources:
+        **LIGHT_JOB,

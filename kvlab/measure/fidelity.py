@@ -93,7 +93,10 @@ def describe_source(model: torch.nn.Module, source) -> dict:
     qk_norm = any(".q_norm." in key for key in model.state_dict())
     owner = next(cls for cls in type(model).__mro__ if "generate" in vars(cls))
     module = str(source) if owner.__module__ == MODULE_NAME else owner.__module__
-    transformers = sys.modules.get("transformers")  # imported by the file, if at all
+    # the transformers the file builds on, if it does: a base class of the model from it (MiniMind's
+    # PreTrainedModel, GenerationMixin), not whatever else this process imported
+    uses = any(cls.__module__.split(".")[0] == "transformers" for cls in type(model).__mro__)
+    transformers = sys.modules.get("transformers") if uses else None
     return {
         "path": str(source),
         "qk_norm": qk_norm,
