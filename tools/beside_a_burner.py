@@ -108,7 +108,7 @@ def read(results: Path) -> list[tuple[bool, str]]:
     found = disturbed_timings(data)
     heading = "## 흔들린 측정" if "## 흔들린 측정" in beyond else "## Disturbed timings"
     body, _, listed = beyond.split("\n## ", 1)[-1].partition(heading)
-    marked = {number for group in re.findall(r"†([\d,]+)", body) for number in group.split(",")}
+    marked = {number for group in re.findall(r"†(\d+(?:,\d+)*)", body) for number in group.split(",")}
     expect(marked == set(re.findall(r"†(\d+)", listed)) and len(marked) <= len(found),
            f"beyond.md's {len(marked)} marks are the list at its end ({len(found)} timings disturbed)")
     expect(not re.search(r"timings? beyond the sheet (was|were) disturbed|시트 너머의 측정 \d+개", report),
