@@ -26,6 +26,7 @@ from kvlab.engine.checkpoint import load_model
 from kvlab.engine.kv_dtype import KV_DTYPES
 from kvlab.engine.sampling import GREEDY
 from kvlab.export.gguf_file import greedy, write as write_gguf
+from kvlab.facts.tokens import first_difference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,8 +46,8 @@ def llama_tokens(path: Path, prompt: list[int], new_tokens: int, cache: str, fla
     return greedy(llm, prompt, new_tokens)
 
 
-def first_difference(ids: list[int], baseline: list[int]) -> str:
-    at = next((index for index, (a, b) in enumerate(zip(ids, baseline)) if a != b), None)
+def said(ids: list[int], baseline: list[int]) -> str:
+    at = first_difference(ids, baseline)
     return f"the same {len(ids)}" if at is None else f"new token {at + 1} differs"
 
 
@@ -70,11 +71,11 @@ def main(argv=None) -> int:
     print(f"{len(prompt)}-token prompt, {args.new_tokens} greedy new tokens, each cache against its own system's "
           f"float32 one")
     for name, tokens in kvlab.items():
-        print(f"kvlab     {name:22} {first_difference(tokens, kvlab['float32'])}")
+        print(f"kvlab     {name:22} {said(tokens, kvlab['float32'])}")
     for name, cache, flash in LLAMA_CACHES:
         baseline = llama["f32, flash attention" if flash else "f32"]
-        print(f"llama.cpp {name:22} {first_difference(llama[name], baseline)}")
-    print(f"llama.cpp f32 against kvlab float32: {first_difference(llama['f32'], kvlab['float32'])}")
+        print(f"llama.cpp {name:22} {said(llama[name], baseline)}")
+    print(f"llama.cpp f32 against kvlab float32: {said(llama['f32'], kvlab['float32'])}")
     return 0
 
 

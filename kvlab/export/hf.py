@@ -48,8 +48,7 @@ def write(model: MiniMindForCausalLM, tokenizer_dir: Path, out: Path) -> None:
         hf.tie_weights()
     hf.save_pretrained(out, safe_serialization=True)
     transformers.AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    for name in ("tokenizer.json",):  # the tokenizer's own file, as given (the one kvlab reads)
-        shutil.copyfile(tokenizer_dir / name, out / name)
+    shutil.copyfile(tokenizer_dir / "tokenizer.json", out / "tokenizer.json")  # the one kvlab reads, as given
 
 
 def greedy(hf, prompt: list[int], new_tokens: int) -> list[int]:

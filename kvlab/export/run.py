@@ -13,15 +13,16 @@ from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.engine.sampling import GREEDY
 from kvlab.engine.tokenizer import load_tokenizer, vocab_mismatch
 from kvlab.export import gguf_file, hf
+from kvlab.facts.tokens import first_difference
 from kvlab.io import write_json_atomic
 
 TARGETS = ("hf", "gguf")
-RECORD = "kvlab_export.json"
+RECORD = "kvlab_export.json"  # inside the folder; a GGUF's record is beside it, OUT.json
 # how to run an export in the tool it was made for (docs/export.md says the same)
 RUN = {"hf": "python -c \"import transformers as t; p = t.pipeline('text-generation', '{out}'); "
              "print(p('민수는', max_new_tokens=32, do_sample=False)[0]['generated_text'])\"",
        "gguf": "python -c \"from llama_cpp import Llama; "
-               "print(Llama('{out}', verbose=False)('민수는', max_tokens=32, temperature=0)['choices'][0]['text'])\""}  # inside the folder; a GGUF's record is beside it, OUT.json
+               "print(Llama('{out}', verbose=False)('민수는', max_tokens=32, temperature=0)['choices'][0]['text'])\""}
 
 
 class ExportError(ValueError):
@@ -55,9 +56,9 @@ def record_path(to: str, out: Path) -> Path:
     return out / RECORD if to == "hf" else out.with_suffix(".json")
 
 
-def first_difference(tokens: list[int], expected: list[int]) -> dict | None:
-    at = next((index for index, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
-    return None if at is None else {"position": at, "got": tokens[at], "expected": expected[at]}
+def remove(path: Path) -> None:
+    """A partial export gone, folder or file."""
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def export(checkpoint: Path, tokenizer_dir: Path, to: str, out: Path, prompt: list[int], texts: list[str],
@@ -74,7 +75,7 @@ def export(checkpoint: Path, tokenizer_dir: Path, to: str, out: Path, prompt: li
     expected = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, eos_token_id=None,
                               **GREEDY)[0, len(prompt):].tolist()
     partial = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+    remove(partial)
     try:
         if to == "hf":
             hf.write(model, Path(tokenizer_dir), partial)
@@ -82,7 +83,8 @@ def export(checkpoint: Path, tokenizer_dir: Path, to: str, out: Path, prompt: li
         else:
             gguf_file.write(model, Path(tokenizer_dir) / "tokenizer.json", partial, file_type)
             checked = gguf_file.check(partial, prompt, new_tokens, texts, tokenizer.encode)
-        differs = first_difference(checked["tokens"], expected)
+        at = first_difference(checked["tokens"], expected)
+        differs = None if at is None else {"position": at, "got": checked["tokens"][at], "expected": expected[at]}
         record = {"checkpoint": str(checkpoint), "tokenizer": str(tokenizer_dir), "to": to,
                   "file_type": file_type if to == "gguf" else "f32", "prompt_tokens": len(prompt),
                   "new_tokens": new_tokens, "same_tokens": differs is None, "first_difference": differs,
@@ -91,6 +93,6 @@ def export(checkpoint: Path, tokenizer_dir: Path, to: str, out: Path, prompt: li
         write_json_atomic(record_path(to, partial) if to == "hf" else record_path(to, out), record)
         partial.rename(out)
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+        remove(partial)
         raise
     return record

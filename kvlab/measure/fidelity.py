@@ -33,6 +33,7 @@ from kvlab.engine.tokenizer import Tokenizer
 from kvlab.measure import steps
 from kvlab.facts.formulas import MODES
 from kvlab.measure.minimind_src import MODULE_NAME, MiniMindSourceError, load_source
+from kvlab.facts.tokens import first_difference
 
 log = logging.getLogger("kvlab")
 
@@ -186,7 +187,7 @@ def token_difference(ours: list[list[int]], theirs: list[list[int]]) -> dict:
     result = {"identical": ours == theirs, "rows": len(ours), "new_tokens": max((len(row) for row in ours), default=0)}
     for row, (mine, other) in enumerate(zip_longest(ours, theirs, fillvalue=[])):
         if mine != other:
-            position = next((i for i, (a, b) in enumerate(zip(mine, other)) if a != b), min(len(mine), len(other)))
+            position = first_difference(mine, other)
             result["first_difference"] = {"row": row, "position": position,
                                           "kvlab": mine[position] if position < len(mine) else None,
                                           "minimind": other[position] if position < len(other) else None}

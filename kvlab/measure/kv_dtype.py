@@ -33,6 +33,7 @@ from kvlab.engine.kv_dtype import KV_DTYPES, cache_for
 from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.facts.formulas import GIB
 from kvlab.facts.timing import summary
+from kvlab.facts.tokens import first_difference
 from kvlab.measure import steps
 from kvlab.measure.capacity import weighed
 from kvlab.measure.serving_run import serve
@@ -46,11 +47,6 @@ def greedy_ids(model: MiniMindForCausalLM, prompt: list[int], new_tokens: int, k
     ids = torch.tensor([prompt], device=device)
     out = model.generate(ids, max_new_tokens=new_tokens, kv_dtype=kv_dtype, **steps.GREEDY_NO_EOS)
     return out[0, len(prompt):].tolist()
-
-
-def first_difference(ids: list[int], baseline: list[int]) -> int | None:
-    """The index of the first new token that differs, None where none does."""
-    return next((index for index, (a, b) in enumerate(zip(ids, baseline)) if a != b), None)
 
 
 def logit_drift(model: MiniMindForCausalLM, sequence: list[int], prompt_len: int, kv_dtype: str, device) -> dict:
