@@ -42,5 +42,5 @@ onerror:
 rule all:
     default_target: True
     input:
-        built_by_all(WITH_FIDELITY),
+        built_by_all(OPTIONAL_BUILT),
         rules.check.output,

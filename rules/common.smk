@@ -16,6 +16,10 @@ from kvlab.facts import serving as serving_settings
 from kvlab.present.i18n import category_name
 import kvlab.config as lab_config
 from kvlab.facts.results import (
+    EXPORT_CHECKS,
+    EXPORT_GGUF,
+    EXPORT_HF,
+    EXPORTED,
     FIGURES,
     RESULTS,
     built_by_all,
@@ -49,6 +53,10 @@ try:
 except lab_config.ConfigError as err:
     stop(str(err))
 WITH_FIDELITY = bool(config["minimind_src"])
+# The results of kvlab.facts.results.OPTIONAL this build asks for.
+OPTIONAL_BUILT = ["fidelity"] * WITH_FIDELITY + [
+    f"export_{model}" for model in EXPORTED if config["extras"]["export"]["in_build"]
+]
 
 
 def input_path(key):

@@ -1,6 +1,7 @@
 # The build's models in the tools a student uses next (kvlab.export): each checkpoint as a transformers
-# folder and an F32 GGUF file, each checked where it lands against kvlab's generate on the lab's prompt.
-# Only when asked for (`snakemake --cores 1 export`): it needs transformers, gguf and llama-cpp-python.
+# folder and a GGUF file (F32 unless extras.export.file_type), each checked where it lands against kvlab's generate on the lab's prompt.
+# When asked for (`snakemake --cores 1 export`), or in every build with extras.export.in_build (beyond.md
+# then says whether the three systems agree): it needs transformers, gguf and llama-cpp-python.
 
 
 rule export_model:
@@ -8,27 +9,29 @@ rule export_model:
         **inputs("tokenizer", "prompt", "val_data"),
         checkpoint=lambda wildcards: CHECKPOINTS[wildcards.model]["path"],
     output:
-        hf=directory("results/export/{model}/hf"),
-        gguf="results/export/{model}/{model}.gguf",
+        hf=directory(EXPORT_HF),
+        gguf=EXPORT_GGUF,
         record="results/export/{model}/{model}.json",
+        checks=EXPORT_CHECKS,
     log:
         "results/logs/export_{model}.log",
     wildcard_constraints:
-        model="pretrain|sft",
+        model="|".join(EXPORTED),
     threads: 1
     resources:
         **LIGHT_JOB,
     params:
         overrides=config["model_overrides"],
-        texts=64,
-        new_tokens=64,
+        file_type=config["extras"]["export"]["file_type"],
+        texts=config["extras"]["export"]["texts"],
+        new_tokens=config["extras"]["export"]["new_tokens"],
     script:
         "../scripts/export.py"
 
 
 rule export:
     input:
-        expand("results/export/{model}/{model}.json", model=["pretrain", "sft"]),
+        expand(EXPORT_CHECKS, model=EXPORTED),
     threads: 1
     resources:
         **LIGHT_JOB,

@@ -18,7 +18,7 @@ for name, entry in (("report", "report.md.j2"), ("beyond", "beyond.md.j2")):
             name
         input:
             # every result by the name the templates read it by (kvlab.facts.results.report_inputs)
-            **report_inputs(WITH_FIDELITY, name),
+            **report_inputs(OPTIONAL_BUILT, name),
             template=workflow_file(f"{REPORT_TEMPLATES}/{entry}"),
             sections=REPORT_SECTIONS,
         output:

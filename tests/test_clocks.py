@@ -110,14 +110,14 @@ def quiet_and_slowed(course_build, tmp_path_factory):
     time unchanged (tests/slowed.py), each as the reports load them."""
     results = course_build / "results"
     slow = slowed(results, tmp_path_factory.mktemp("slowed") / "results")
-    paths = report_inputs(False, "beyond")
+    paths = report_inputs((), "beyond")
     loaded = {which: load_results({name: folder.parent / path for name, path in paths.items()})[0]
               for which, folder in (("quiet", results), ("slowed", slow))}
     return results, slow, loaded
 
 
 def render(folder, which, language="en"):
-    paths = {name: folder.parent / path for name, path in report_inputs(False, which).items()}
+    paths = {name: folder.parent / path for name, path in report_inputs((), which).items()}
     template = "beyond.md.j2" if which == "beyond" else "report.md.j2"
     return render_report(ROOT / "templates" / "report" / template, paths, language)
 

@@ -6,7 +6,11 @@ it is installed."""
 from __future__ import annotations
 
 import importlib.util
+import html
 import json
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +20,7 @@ from kvlab.engine.checkpoint import save_checkpoint
 from kvlab.engine.tokenizer import load_tokenizer
 from kvlab.export.run import ExportError, export
 
-from helpers import random_model
+from helpers import ROOT, SMALL_EXTRAS, course_config, random_model, snakemake
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install 'kvlab[export]')")
 NO_LLAMA = importlib.util.find_spec("llama_cpp") is None
@@ -112,3 +116,76 @@ def test_the_command_says_what_it_checked_and_refuses_in_one_line(tmp_path, toke
     again = subprocess.run(command, capture_output=True, text=True)
     assert again.returncode == 2 and again.stderr.strip().count("\n") == 0
     assert again.stderr.startswith("kvlab export: ") and "already there" in again.stderr
+
+
+def checks_record(tokens_at=None, tokenizer_differs=0, logit=0.0) -> dict:
+    """A checks.json as rule export_model writes it (kvlab.export.run.agreement), with llama.cpp's tokens
+    first differing at `tokens_at` (a position from 0) and transformers' tokenizer on that many texts."""
+    records = {
+        "hf": {"checkpoint": "m.pth", "new_tokens": 64, "tokenizer_texts": 64, "same_tokens": True,
+               "first_difference": None, "tokenizer_differs": tokenizer_differs, "max_logit_difference": logit,
+               "file_type": "f32", "versions": {}},
+        "gguf": {"checkpoint": "m.pth", "new_tokens": 64, "tokenizer_texts": 64, "same_tokens": tokens_at is None,
+                 "first_difference": None if tokens_at is None else {"position": tokens_at, "got": 5, "expected": 6},
+                 "tokenizer_differs": 0, "file_type": "f16", "versions": {}},
+    }
+    from kvlab.export.run import agreement
+
+    return agreement(records)
+
+
+@pytest.mark.parametrize("tokens_at, tokenizer_differs, logit, said", [
+    (None, 0, 0.0, ("same 64 greedy tokens", "on all 64 validation texts", "bit for bit")),
+    (16, 0, 0.0, ("do not all give kvlab's 64 greedy tokens", "sft in llama.cpp first differs at new token 17.",
+                  "pretrain in")),
+    (None, 3, 2.5e-7, ("same 64 greedy tokens", "sft's tokenizer in transformers differs from kvlab's on 3 of 64",
+                       "by at most 2.5e-07")),
+])
+def test_beyonds_line_says_whether_the_three_systems_agree_and_where_not(course_build, tmp_path, tokens_at,
+                                                                         tokenizer_differs, logit, said):
+    """The line is chosen from the records: the same tokens everywhere, or the model, the system and the new
+    token where they first differ; the tokenizers' differing texts; transformers' logits bit for bit or not.
+    Without the records (extras.export.in_build off) it says how to make them."""
+    from kvlab.facts.results import OPTIONAL, report_inputs
+    from kvlab.present.report import render_report
+
+    paths = {name: course_build / path for name, path in report_inputs(OPTIONAL).items()
+             if (course_build / path).exists()}
+    for model, record in (("pretrain", checks_record()), ("sft", checks_record(tokens_at, tokenizer_differs, logit))):
+        paths[f"export_{model}"] = tmp_path / f"{model}.json"
+        paths[f"export_{model}"].write_text(json.dumps(record))
+    template = ROOT / "templates" / "report" / "beyond.md.j2"
+    text = render_report(template, paths, "en")
+    line = next(line for line in text.splitlines() if line.startswith("Exported by `kvlab export`"))
+    for words in said:
+        assert (words in line) != (words == "pretrain in"), (words, line)
+    korean = render_report(template, paths, "ko")
+    assert "다른 도구에서 쓰는 내 모델" in korean and ("17번째에서 처음 달라집니다" in korean) == (tokens_at is not None)
+    without = {name: path for name, path in paths.items() if not name.startswith("export_")}
+    assert "`extras.export.in_build`" in render_report(template, without, "en")
+
+
+@pytest.mark.skipif(NO_LLAMA, reason=LLAMA_SKIP)
+def test_the_build_exports_its_models_when_asked_and_beyond_says_so(course_build, course, tmp_path):
+    """extras.export.in_build: `rule all` exports both models (checked in transformers and llama.cpp), and
+    only the exports, beyond.md and what reads it run again; beyond.md's line reads their records."""
+    workdir = tmp_path  # as deep as the build's: the templates' relative paths, in its records, stay the same
+    shutil.copytree(course_build, workdir, symlinks=True, dirs_exist_ok=True)
+    config = course_config(course) | {"extras": {**SMALL_EXTRAS, "export": {"in_build": True, "new_tokens": 12}}}
+    dry = snakemake(workdir, "-n", config=config)
+    jobs = sorted(line.split()[1].rstrip(":") for line in dry.stdout.splitlines() if line.startswith("rule "))
+    assert jobs == ["all", "beyond", "export_model", "export_model", "lab_report"], jobs
+    snakemake(workdir, config=config)
+    for model in ("pretrain", "sft"):
+        checks = json.loads((workdir / "results" / "export" / model / "checks.json").read_text())
+        assert set(checks["systems"]) == {"transformers", "llama.cpp"} and checks["new_tokens"] == 12
+        assert checks["agree"], checks
+    beyond = (workdir / "results" / "beyond.md").read_text(encoding="utf-8")
+    assert "kvlab, transformers, llama.cpp(GGUF F32) 모두 같은 greedy 토큰 12개" in beyond
+    # the lab's page's two commands run the exports as printed, from the workflow's folder
+    page = (workdir / "results" / "explore.html").read_text(encoding="utf-8")
+    commands = [html.unescape(code) for code in re.findall(r"<pre><code>(.*?)</code></pre>", page, re.S)]
+    assert len(commands) == 2 and "results/export/sft/hf" in commands[0] and "sft.gguf" in commands[1]
+    for command in commands:
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=workdir)
+        assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr[-2000:])

@@ -749,7 +749,7 @@ def test_the_ttft_difference_is_told_from_the_prefill_timed_alone(built, tmp_pat
     from kvlab.facts.results import report_inputs
     from kvlab.present.report import render_report
 
-    paths = {name: built / path.removeprefix("results/") for name, path in report_inputs(False, "beyond").items()}
+    paths = {name: built / path.removeprefix("results/") for name, path in report_inputs((), "beyond").items()}
     latency = json.loads(paths["latency"].read_text(encoding="utf-8"))
     assert latency["prefill_alone"]["pairs"] >= 5
     latency["ttft_agree"] = False

@@ -339,7 +339,7 @@ def test_the_report_says_once_what_compiling_the_serving_steps_took(course_build
     from kvlab.facts.results import report_inputs
     from kvlab.present.report import render_report
 
-    paths = {name: course_build / path for name, path in report_inputs(False).items()}
+    paths = {name: course_build / path for name, path in report_inputs().items()}
     template = ROOT / "templates" / "report" / "beyond.md.j2"
     eager = json.loads(paths["compiled_steps"].read_text(encoding="utf-8"))
     assert not eager["steps"]["engine"]["files"]

@@ -55,7 +55,7 @@ def section(text: str, *headings: str) -> str:
 
 def read(results: Path) -> list[tuple[bool, str]]:
     """(ok, what) for each check of the two reports in `results` against its result files."""
-    paths = {name: results.parent / path for name, path in report_inputs(False, "beyond").items()
+    paths = {name: results.parent / path for name, path in report_inputs((), "beyond").items()
              if (results.parent / path).exists()}
     data, _ = load_results(paths)
     report = (results / "report.md").read_text(encoding="utf-8")

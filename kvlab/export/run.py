@@ -13,16 +13,12 @@ from kvlab.engine.model import MiniMindForCausalLM
 from kvlab.engine.sampling import GREEDY
 from kvlab.engine.tokenizer import load_tokenizer, vocab_mismatch
 from kvlab.export import gguf_file, hf
+from kvlab.facts.results import EXPORT_RUN
 from kvlab.facts.tokens import first_difference
 from kvlab.io import write_json_atomic
 
 TARGETS = ("hf", "gguf")
 RECORD = "kvlab_export.json"  # inside the folder; a GGUF's record is beside it, OUT.json
-# how to run an export in the tool it was made for (docs/export.md says the same)
-RUN = {"hf": "python -c \"import transformers as t; p = t.pipeline('text-generation', '{out}'); "
-             "print(p('민수는', max_new_tokens=32, do_sample=False)[0]['generated_text'])\"",
-       "gguf": "python -c \"from llama_cpp import Llama; "
-               "print(Llama('{out}', verbose=False)('민수는', max_tokens=32, temperature=0)['choices'][0]['text'])\""}
 
 
 class ExportError(ValueError):
@@ -89,10 +85,29 @@ def export(checkpoint: Path, tokenizer_dir: Path, to: str, out: Path, prompt: li
                   "file_type": file_type if to == "gguf" else "f32", "prompt_tokens": len(prompt),
                   "new_tokens": new_tokens, "same_tokens": differs is None, "first_difference": differs,
                   "kvlab_tokens": expected, **checked,
-                  "run": RUN[to].format(out=out)}
+                  "run": EXPORT_RUN[to].format(out=out)}
         write_json_atomic(record_path(to, partial) if to == "hf" else record_path(to, out), record)
         partial.rename(out)
     except BaseException:
         remove(partial)
         raise
     return record
+
+
+# the system each target is checked in, as a reader names it
+SYSTEMS = {"hf": "transformers", "gguf": "llama.cpp"}
+
+
+def agreement(records: dict[str, dict]) -> dict:
+    """One model's exports side by side (the workflow's checks.json, read by beyond.md): for each target's
+    system, whether its greedy tokens are kvlab's or where they first differ, its tokenizer's differing
+    texts, transformers' largest logit difference, and the versions it ran."""
+    systems = {}
+    for to, record in records.items():
+        systems[SYSTEMS[to]] = {
+            key: record.get(key) for key in ("same_tokens", "first_difference", "tokenizer_differs",
+                                             "max_logit_difference", "file_type", "versions")}
+    first = next(iter(records.values()))
+    return {"checkpoint": first["checkpoint"], "new_tokens": first["new_tokens"],
+            "tokenizer_texts": first["tokenizer_texts"], "systems": systems,
+            "agree": all(s["same_tokens"] and not s["tokenizer_differs"] for s in systems.values())}

@@ -20,6 +20,7 @@ figure's path): neither `rule all` nor the report reads it, so its cost is not t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kvlab.facts.sheet import LAB_RESULTS, REPORT_FILE
@@ -31,6 +32,19 @@ BEYOND = "Beyond the lab"
 CLASS = "Class"
 CLASS_FOLDER = "results/class"
 SERVING_FOLDER = "results/serving"
+# Each of the build's models exported (rules/export.smk, kvlab.export): a transformers folder and a GGUF file,
+# each with its record, and the two checks side by side; and how to run each export in its tool (the records,
+# the lab's page and docs/export.md say the same).
+EXPORTED = ("pretrain", "sft")
+EXPORT_HF = "results/export/{model}/hf"
+EXPORT_GGUF = "results/export/{model}/{model}.gguf"
+EXPORT_CHECKS = "results/export/{model}/checks.json"
+EXPORT_RUN = {
+    "hf": "python -c \"import transformers as t; p = t.pipeline('text-generation', '{out}'); "
+          "print(p('민수는', max_new_tokens=32, do_sample=False)[0]['generated_text'])\"",
+    "gguf": "python -c \"from llama_cpp import Llama; "
+            "print(Llama('{out}', verbose=False)('민수는', max_tokens=32, temperature=0)['choices'][0]['text'])\"",
+}
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,8 @@ RESULTS = _results(
     Result("serve_bench_runs", "results/serving/bench_runs.json", timed=True, by_all=False),
     # only with the config's minimind_src
     Result("fidelity", "results/fidelity.json", BEYOND, "Fidelity to MiniMind"),
+    # only with extras.export.in_build (else `snakemake --cores 1 export` writes them, and no report reads them)
+    *(Result(f"export_{model}", EXPORT_CHECKS.format(model=model)) for model in EXPORTED),
     # grading a class (`snakemake grade`)
     Result("grades", f"{CLASS_FOLDER}/grades.csv", CLASS),
     Result("tests", f"{CLASS_FOLDER}/tests.csv", CLASS),
@@ -198,7 +214,8 @@ EXPLORE_READS = ("explore_steps", "counts", "kvbytes", "temp", "temp_answers", "
 EXPLORE_TEMPLATE = "templates/explore.html.j2"
 # The reports' templates: one folder, an entry template per report, one file a section.
 REPORT_TEMPLATES = "templates/report"
-OPTIONAL = ("fidelity",)
+# Built and read only where the config asks: fidelity with minimind_src, the exports with extras.export.in_build.
+OPTIONAL = ("fidelity", *(f"export_{model}" for model in EXPORTED))
 
 
 def lab_figures() -> list[Figure]:
@@ -206,21 +223,23 @@ def lab_figures() -> list[Figure]:
     return [figure for figure in FIGURES.values() if figure.category != CLASS and figure.by_all]
 
 
-def built_by_all(with_fidelity: bool) -> list[str]:
-    """What `rule all` builds: every result a reader sees but the class's (`grade` builds those),
-    fidelity's where minimind_src is not set, and those only built when asked for; and the lab's figures."""
+def built_by_all(optional: Collection[str] = ()) -> list[str]:
+    """What `rule all` builds: every result a reader sees but the class's (`grade` builds those), those
+    of OPTIONAL this build does not ask for (`optional`: the names it does), and those only built when
+    asked for; and the lab's figures."""
     shown = [result.path for name, result in RESULTS.items()
-             if result.category in (LAB_SHEET, LAB_REPORT, BEYOND) and (with_fidelity or name not in OPTIONAL)
+             if result.category in (LAB_SHEET, LAB_REPORT, BEYOND) and (name in optional or name not in OPTIONAL)
              and result.by_all]
     return shown + [figure.path for figure in lab_figures()]
 
 
-def report_inputs(with_fidelity: bool, report: str = "beyond") -> dict[str, str]:
-    """A report's inputs, by the name its templates read each by. The sheet's report ("report") reads
+def report_inputs(optional: Collection[str] = (), report: str = "beyond") -> dict[str, str]:
+    """A report's inputs, by the name its templates read each by (of OPTIONAL, those `optional` names).
+    The sheet's report ("report") reads
     the sheet's results, what its steps write beside them and fidelity's verdict (SHEET_READS); the
     report beyond it ("beyond") reads every result and each of the lab's figures (by its rule's name)."""
     names = SHEET_READS if report == "report" else REPORT_READS
-    inputs = {name: RESULTS[name].path for name in names if with_fidelity or name not in OPTIONAL}
+    inputs = {name: RESULTS[name].path for name in names if name in optional or name not in OPTIONAL}
     if report == "report":
         return inputs
     return {**inputs, **{figure.rule: figure.path for figure in lab_figures()}}

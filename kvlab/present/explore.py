@@ -27,6 +27,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from kvlab.facts.formulas import BATCH_MODES, MODES, fed_formulas
+from kvlab.facts.results import EXPORT_GGUF, EXPORT_HF, EXPORT_RUN
 from kvlab.io import read_csv_rows, read_json
 from kvlab.present.i18n import N_, check_language, gettext_for
 from kvlab.present.fonts import uncovered
@@ -162,6 +163,9 @@ def render_explore(template_path, script_path, style_path, results: dict, font_p
                "prompt_len": data["generation"]["prompt_len"], "new_tokens": data["generation"]["new_tokens"],
                "prefixes": {key: data["sampling"][key]["prefix"] for key in ("flat", "sharp")},
                "question": data["sampling"]["question"],
+               # the SFT model (it answers) in transformers and llama.cpp, once `snakemake --cores 1 export` ran
+               "exported": {to: EXPORT_RUN[to].format(out=path.format(model="sft"))
+                            for to, path in (("hf", EXPORT_HF), ("gguf", EXPORT_GGUF))},
                "script": Markup(Path(script_path).read_text(encoding="utf-8")),
                "style": Markup(Path(style_path).read_text(encoding="utf-8"))}
     # the model's own texts (its tokens, answers, prompt) the embedded font cannot draw: the page says so

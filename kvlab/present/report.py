@@ -25,7 +25,7 @@ from kvlab.facts.disturbed import disturbed_timings
 from kvlab.present.marks import SIGN, render_twice
 from kvlab.facts.timing import CONTENDED_CPU_SHARE, CONTENDED_RUNS_SHARE, UNSTABLE_IQR_SHARE
 from kvlab.io import read_csv_rows, read_json
-from kvlab.present import beyond, clocks, precision
+from kvlab.present import beyond, clocks, exported, precision
 from kvlab.present.pages import sandboxed_template
 from kvlab.present.verdicts import (CLOSE_COUNTS, against, agreement, close_counts, comparison, direction, on_clock,
                                     one_clock, steps)
@@ -249,7 +249,7 @@ def beyond_context(results: dict, figures: dict[str, str], build: dict | None = 
                **RULES,
                "same_generation": same_generation(results), "figures": figures,
                "token_ratio": results["counts"]["fed_without_cache"] / results["counts"]["fed_with_cache"]}
-    for section in (*beyond.SECTIONS, chain_section, precision.kv_dtype_section):
+    for section in (*beyond.SECTIONS, chain_section, precision.kv_dtype_section, exported.export_section):
         context.update(section(results))
     return context
 
