@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from kvlab.engine.checkpoint import save_checkpoint
@@ -75,15 +76,39 @@ def test_the_gguf_gives_kvlabs_greedy_tokens_in_llama_cpp(tmp_path, tokenizer_di
     assert out.is_file() and json.loads(out.with_suffix(".json").read_text())["file_type"] == file_type
 
 
-def test_minimind2s_layers_go_to_transformers_as_llama_and_are_refused_as_gguf(tmp_path, tokenizer_dir, tokenizer):
+def test_minimind2s_layers_go_to_transformers_as_llama(tmp_path, tokenizer_dir, tokenizer):
     checkpoint = checkpoint_of(tmp_path, tokenizer, qk_norm=False)
     heads = {"num_attention_heads": 4}  # what a MiniMind2 file does not reveal (the workflow's model_overrides)
     record = export(checkpoint, tokenizer_dir, "hf", tmp_path / "hf", prompt_of(tokenizer), TEXTS, new_tokens=16,
                     overrides=heads)
     assert record["loaded_as"] == "LlamaForCausalLM" and record["same_tokens"]
-    with pytest.raises(ExportError, match="qk_norm is off"):
-        export(checkpoint, tokenizer_dir, "gguf", tmp_path / "m.gguf", prompt_of(tokenizer), TEXTS, overrides=heads)
-    assert not (tmp_path / "m.gguf").exists() and not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.skipif(NO_LLAMA, reason=LLAMA_SKIP)
+@pytest.mark.parametrize("arch", [dict(qk_norm=False), dict(qk_norm=False, hidden_size=768, num_hidden_layers=2,
+                                                            num_attention_heads=8, num_key_value_heads=2)])
+def test_minimind2s_layers_go_to_llama_cpp_as_llama_with_q_and_k_reordered(tmp_path, tokenizer_dir, tokenizer, arch,
+                                                                           monkeypatch):
+    """Without q/k norms the GGUF is llama.cpp's llama, whose rotation turns adjacent pairs: q_proj's and
+    k_proj's rows reordered per head give kvlab's greedy tokens (unreordered, they would not)."""
+    from kvlab.export import gguf_file
+
+    checkpoint = checkpoint_of(tmp_path, tokenizer, **arch)
+    overrides = {"num_attention_heads": arch.get("num_attention_heads", 8)}
+    out = tmp_path / "m.gguf"
+    record = export(checkpoint, tokenizer_dir, "gguf", out, prompt_of(tokenizer), TEXTS, new_tokens=24,
+                    overrides=overrides)
+    assert record["same_tokens"], record["first_difference"]
+    import gguf
+
+    assert gguf.GGUFReader(str(out)).fields["general.architecture"].contents() == "llama"
+    weight = np.arange(2 * 8 * 3, dtype=np.float32).reshape(16, 3)  # 2 heads of 8 rows
+    reordered = gguf_file.rotated_pairs_adjacent(weight, heads=2)
+    assert [int(row[0]) // 3 for row in reordered] == [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+    monkeypatch.setattr(gguf_file, "rotated_pairs_adjacent", lambda weight, heads: weight)
+    unordered = export(checkpoint, tokenizer_dir, "gguf", tmp_path / "u.gguf", prompt_of(tokenizer), TEXTS,
+                       new_tokens=24, overrides=overrides)
+    assert not unordered["same_tokens"]
 
 
 @pytest.mark.parametrize("case, match", [("exists", "already there"), ("suffix", "ends in .gguf"),

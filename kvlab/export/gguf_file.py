@@ -1,8 +1,11 @@
-"""A MiniMind as a GGUF file of llama.cpp's qwen3 architecture, written with the `gguf` package, and that
-file checked in llama.cpp (llama-cpp-python).
+"""A MiniMind as a GGUF file of llama.cpp's qwen3 or llama architecture, written with the `gguf` package,
+and that file checked in llama.cpp (llama-cpp-python).
 
 qwen3 is MiniMind's layers (RMSNorm, rotary embeddings on rotated halves, grouped-query attention with
-per-head q/k norms, SwiGLU), the embeddings tied or a head of its own. Weights in F32, F16 or BF16; the
+per-head q/k norms, SwiGLU), the embeddings tied or a head of its own. Without q/k norms (MiniMind2's
+files) the layers are llama's, whose rotary embeddings turn adjacent pairs: each head's rows of q_proj and
+k_proj are reordered so that the pair (i, i + head_dim/2) MiniMind rotates lands on (2i, 2i + 1), as
+llama.cpp's own converter reorders a transformers Llama's. Weights in F32, F16 or BF16; the
 norms stay F32, as llama.cpp's converter keeps them. The vocabulary and merges are the tokenizer's,
 byte-level BPE with GPT-2's split (llama.cpp's pre-tokenizer "gpt-2").
 """
@@ -25,12 +28,16 @@ BLOCK_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self
                "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def refusal(model: MiniMindForCausalLM) -> str | None:
-    """Why this model cannot be written as qwen3 (one line naming the field), None where it can."""
-    if not model.config.qk_norm:
-        return ("qk_norm is off (MiniMind2's layers): llama.cpp's llama architecture rotates interleaved pairs, "
-                "MiniMind rotated halves; a GGUF of it is not written here (the transformers folder is)")
-    return None
+def architecture(model: MiniMindForCausalLM) -> str:
+    """llama.cpp's architecture of the model's layers: qwen3 with per-head q/k norms, llama without."""
+    return "qwen3" if model.config.qk_norm else "llama"
+
+
+def rotated_pairs_adjacent(weight: np.ndarray, heads: int) -> np.ndarray:
+    """q_proj's or k_proj's rows reordered per head for a rotation of adjacent pairs: row 2i + j of a head
+    is its row j * head_dim/2 + i (j = 0, 1), the two halves MiniMind rotates together made neighbours."""
+    rows, columns = weight.shape
+    return weight.reshape(heads, 2, rows // heads // 2, columns).swapaxes(1, 2).reshape(rows, columns)
 
 
 def tensor_name(key: str) -> str | None:
@@ -51,7 +58,8 @@ def write(model: MiniMindForCausalLM, tokenizer_json: Path, path: Path, file_typ
     import gguf
 
     config = model.config
-    writer = gguf.GGUFWriter(str(path), "qwen3")
+    arch = architecture(model)
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -61,6 +69,7 @@ def write(model: MiniMindForCausalLM, tokenizer_json: Path, path: Path, file_typ
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_theta)
+    writer.add_rope_dimension_count(config.head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     quant = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "bf16": gguf.GGMLQuantizationType.BF16}[file_type]
@@ -88,6 +97,9 @@ def write(model: MiniMindForCausalLM, tokenizer_json: Path, path: Path, file_typ
         if key == "lm_head.weight" and config.tie_word_embeddings:
             continue  # tied: llama.cpp reads the embeddings
         array = tensor.detach().to(torch.float32).numpy()
+        if arch == "llama" and key.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in key else config.num_key_value_heads
+            array = np.ascontiguousarray(rotated_pairs_adjacent(array, heads))
         kind = quant if array.ndim == 2 else gguf.GGMLQuantizationType.F32
         writer.add_tensor(tensor_name(key), gguf.quants.quantize(array, kind), raw_dtype=kind)
     writer.write_header_to_file()

@@ -37,9 +37,6 @@ def refusal(model: MiniMindForCausalLM, tokenizer, to: str, out: Path) -> str | 
     if to == "gguf":
         if out.suffix != ".gguf":
             return f"{out}: a GGUF export's file name ends in .gguf"
-        why = gguf_file.refusal(model)
-        if why:
-            return why
         for package, name in (("gguf", "gguf"), ("llama_cpp", "llama-cpp-python")):
             if importlib.util.find_spec(package) is None:
                 return f"{name} is not installed: pip install gguf llama-cpp-python (the file is checked in llama.cpp)"
