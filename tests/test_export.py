@@ -26,7 +26,7 @@ from helpers import ROOT, SMALL_EXTRAS, course_config, random_model, snakemake
 pytest.importorskip("transformers", reason="transformers is not installed (pip install 'kvlab[export]')")
 NO_LLAMA = importlib.util.find_spec("llama_cpp") is None
 LLAMA_SKIP = ("llama-cpp-python is not installed (it builds llama.cpp from source, several minutes: "
-              "CMAKE_ARGS='-DGGML_NATIVE=ON' pip install llama-cpp-python); the GGUF is not run in llama.cpp here")
+              "CMAKE_ARGS='-DGGML_NATIVE=ON' pip install -e '.[llama]'); the GGUF is not run in llama.cpp here")
 TEXTS = ["민수는 가람 마을에 산다.", "The cache is exact; its precision is a choice.", "가람 마을의 특산물은 복숭아입니다!"]
 SHAPES = {
     "lab": {},

@@ -1,7 +1,7 @@
 """kvlab's fastest single-request path beside llama.cpp, on the same weights, in one process, rounds
 alternating. A hand-run tool (issue 37's yardstick), not a rule:
 
-    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install llama-cpp-python gguf   # builds llama.cpp (2-3 min)
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install -e ".[export,llama]"  # builds llama.cpp (5-7 min)
     python tools/beside_llama_cpp.py [--checkpoint results/default/pretrain.pth] [--rounds 15]
 
 The checkpoint's weights are written as a GGUF file of llama.cpp's `qwen3` architecture (kvlab.export, the same

@@ -1,7 +1,7 @@
 """The cache in fewer bits, kvlab beside llama.cpp on the same weights (issue 50's yardstick): a
 hand-run tool, not a rule.
 
-    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install llama-cpp-python gguf   # builds llama.cpp (5-7 min)
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON" pip install -e ".[export,llama]"  # builds llama.cpp (5-7 min)
     python tools/kv_dtype_llama_cpp.py [--checkpoint results/default/pretrain.pth] [--new-tokens 256]
 
 The checkpoint goes to llama.cpp as an F32 GGUF file (kvlab.export.gguf_file, as `kvlab export` writes it). Each

@@ -39,7 +39,7 @@ def refusal(model: MiniMindForCausalLM, tokenizer, to: str, out: Path) -> str | 
             return f"{out}: a GGUF export's file name ends in .gguf"
         for package, name in (("gguf", "gguf"), ("llama_cpp", "llama-cpp-python")):
             if importlib.util.find_spec(package) is None:
-                return f"{name} is not installed: pip install gguf llama-cpp-python (the file is checked in llama.cpp)"
+                return f"{name} is not installed: pip install -e '.[export,llama]' (the file is checked in llama.cpp)"
     elif importlib.util.find_spec("transformers") is None:
         return "transformers is not installed: pip install 'kvlab[export]' (the folder is checked in transformers)"
     return None
