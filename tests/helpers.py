@@ -113,7 +113,7 @@ SMALL_EXTRAS = {
     "batch": {"prompt_tokens": 20, "new_tokens": 4, "sizes": [1, 2, 4], "warmup": 0, "repeats": 1},
     "kv_waste": {"requests": 6, "prompt_cap": 16, "answer_cap": 8},
     # the 5-request trace from a pool that holds one request in float32 (the lab's shape: 2,048 bytes a token)
-    "kv_dtype": {"new_tokens": [4, 12], "minimind_context": 64, "pool_kib": 64, "repeats": 1},
+    "kv_dtype": {"new_tokens": [4, 12], "minimind_context": 64, "pool_tokens": 32, "repeats": 1},
     # a trace of 5 requests on 2 slots, blocks of 4 tokens; the lab's 65-token prompt before the questions;
     # eager: compiling costs a build's job seconds, and tests/test_serve_trace.py measures the compiled way
     "serving": {"compile": False, "requests": 5, "prompt_min": 4, "prompt_cap": 16, "max_tokens_min": 1, "max_tokens_max": 8,

@@ -12,10 +12,11 @@ store (kvlab.engine.kv_dtype), what it saves and what it changes, on the lab's p
   top-p           step 6's survivors at the sheet's p values after its two prefixes, the logits read
                   from what the cache stores
   serving         one seeded trace, every request arriving at once, served by the engine the eager
-                  way with a pool of `pool_kib` KiB: the blocks that budget buys at the dtype, the most
-                  requests running at once, output tokens a second (median and quartiles of `repeats`
-                  rounds, the dtypes in turn each round), and every request held against `generate`
-                  alone with its cache in the same dtype
+                  way from a pool of the bytes of `pool_tokens` float32 tokens (a budget sized to the
+                  model): the blocks that budget buys at the dtype, the most requests running at
+                  once, output tokens a second (median and quartiles of `repeats` rounds, the dtypes
+                  in turn each round), and every request held against `generate` alone with its
+                  cache in the same dtype
 
 Float32 is the lab's cache itself: its row is the baseline, every lab result unchanged.
 """
@@ -74,21 +75,22 @@ def survivors(model: MiniMindForCausalLM, prefixes: list[list[int]], ps, kv_dtyp
     return found
 
 
-def pool_config(model: MiniMindForCausalLM, kv_dtype: str, pool_kib: float, block_size: int, max_batched_tokens: int,
+def pool_config(model: MiniMindForCausalLM, kv_dtype: str, pool_tokens: int, block_size: int, max_batched_tokens: int,
                 requests: int) -> ServingConfig:
-    """The eager engine whose pool is what `pool_kib` KiB buy at `kv_dtype`; as many slots as requests, so
-    that only the pool limits how many run at once."""
-    num_blocks = int(pool_kib * 1024) // (block_size * model.config.kv_bytes_per_token(kv_dtype))
+    """The eager engine whose pool is what the bytes of `pool_tokens` tokens of float32 cache buy at `kv_dtype`
+    (a budget sized to the model); as many slots as requests, so that only the pool limits how many run at once."""
+    budget = pool_tokens * model.config.kv_bytes_per_token("float32")
+    num_blocks = budget // (block_size * model.config.kv_bytes_per_token(kv_dtype))
     return ServingConfig(num_blocks=max(num_blocks, 1), block_size=block_size, max_num_seqs=requests,
                          max_num_batched_tokens=max_batched_tokens, compile=False, matmuls="fused", kv_dtype=kv_dtype)
 
 
-def served(model: MiniMindForCausalLM, trace: list[TraceRequest], dtypes, pool_kib: float, block_size: int,
+def served(model: MiniMindForCausalLM, trace: list[TraceRequest], dtypes, pool_tokens: int, block_size: int,
            max_batched_tokens: int, repeats: int) -> dict[str, dict]:
     """The trace served at each dtype, `repeats` rounds, the dtypes in turn within each round."""
-    configs = {d: pool_config(model, d, pool_kib, block_size, max_batched_tokens, len(trace)) for d in dtypes}
+    configs = {d: pool_config(model, d, pool_tokens, block_size, max_batched_tokens, len(trace)) for d in dtypes}
     for kv_dtype, config in configs.items():
-        check_fits(trace, config, "extras.kv_dtype.pool_kib")
+        check_fits(trace, config, "extras.kv_dtype.pool_tokens")
     runs: dict[str, list] = {d: [] for d in dtypes}
     for kv_dtype in dtypes:  # a round untimed: the first calls of each shape
         serve(model, trace, configs[kv_dtype], kv_dtype)
@@ -123,13 +125,13 @@ def measure(model: MiniMindForCausalLM, prompt: list[int], prefixes: list[list[i
     """One row per dtype (kvlab.engine.kv_dtype.KV_DTYPES, float32 first): see the module. `settings` is
     the config's extras.kv_dtype with the lab's numbers: tokens (step 4's), new_tokens (the N compared,
     step 3's among them), lab_new_tokens (step 3's), budget_gib, minimind_name and minimind_context (the
-    architecture `minimind`'s), seed, pool_kib, block_size, max_batched_tokens, repeats."""
+    architecture `minimind`'s), seed, pool_tokens, block_size, max_batched_tokens, repeats."""
     s = settings
     longest = max(s["new_tokens"])
     baseline = greedy_ids(model, prompt, longest, "float32", device)
     lab_context = len(prompt) + s["lab_new_tokens"]
     budget = s["budget_gib"] * GIB
-    serving = served(model, trace, KV_DTYPES, s["pool_kib"], s["block_size"], s["max_batched_tokens"], s["repeats"])
+    serving = served(model, trace, KV_DTYPES, s["pool_tokens"], s["block_size"], s["max_batched_tokens"], s["repeats"])
     rows = []
     for kv_dtype in KV_DTYPES:
         per_token = model.config.kv_bytes_per_token(kv_dtype)
