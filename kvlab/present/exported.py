@@ -12,7 +12,7 @@ PREFIX = "export_"
 
 
 def export_section(results: dict) -> dict:
-    """{"export": None} where this build exported nothing (the report then says how); else each model's
+    """{"export": None} where this build exported nothing (the section is left out); else each model's
     systems, what differs (a model, a system and the new token, counted from 1, where it first differs)
     and transformers' largest logit difference over the models."""
     checks = {name.removeprefix(PREFIX): record for name, record in results.items() if name.startswith(PREFIX)}
