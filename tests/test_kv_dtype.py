@@ -169,3 +169,17 @@ def test_the_sections_sentences_follow_the_numbers(speed, verdict, first):
     assert (section["earliest"] is None) == (first is None)
     if first is not None:
         assert section["earliest"]["kv_dtype"] == "bfloat16" and section["earliest"]["first_diff"] == 5
+
+
+@pytest.mark.parametrize("arch", [dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+                                  dict(hidden_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4)])
+def test_the_traces_pool_holds_the_same_float32_tokens_whatever_the_models_size(arch):
+    """The pool is the bytes of pool_tokens float32 tokens of the model's own cache: at the lab's size and at
+    MiniMind's the same blocks in float32, and each smaller dtype as many more as its bytes per token allow."""
+    from kvlab.measure.kv_dtype import pool_config
+
+    model = MiniMindForCausalLM(MiniMindConfig(vocab_size=64, **arch))
+    blocks = {d: pool_config(model, d, 256, 16, 512, 24).num_blocks for d in KV_DTYPES}
+    assert blocks["float32"] == 256 // 16 and blocks["float16"] == blocks["bfloat16"] == 2 * blocks["float32"]
+    per_token = {d: model.config.kv_bytes_per_token(d) for d in KV_DTYPES}
+    assert blocks["int8"] == 256 * per_token["float32"] // (16 * per_token["int8"]) > blocks["float16"]
