@@ -11,7 +11,7 @@ rule export_model:
     output:
         hf=directory(EXPORT_HF),
         gguf=EXPORT_GGUF,
-        record="results/export/{model}/{model}.json",
+        record=EXPORT_GGUF.replace(".gguf", ".json"),  # the GGUF's record, beside it
         checks=EXPORT_CHECKS,
     log:
         "results/logs/export_{model}.log",

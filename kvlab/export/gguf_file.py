@@ -40,8 +40,8 @@ def rotated_pairs_adjacent(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, columns).swapaxes(1, 2).reshape(rows, columns)
 
 
-def tensor_name(key: str) -> str | None:
-    """llama.cpp's name of a state dict key (None: a tied head, read from the embeddings)."""
+def tensor_name(key: str) -> str:
+    """llama.cpp's name of a state dict key."""
     if key == "model.embed_tokens.weight":
         return "token_embd.weight"
     if key == "model.norm.weight":

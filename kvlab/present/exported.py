@@ -12,14 +12,13 @@ PREFIX = "export_"
 
 
 def export_section(results: dict) -> dict:
-    """{"export": None} where this build exported nothing (the section is left out); else each model's
-    systems, what differs (a model, a system and the new token, counted from 1, where it first differs)
+    """{"export": None} where this build exported nothing (the section is left out); else what
+    differs (a model, a system and the new token, counted from 1, where it first differs)
     and transformers' largest logit difference over the models."""
     checks = {name.removeprefix(PREFIX): record for name, record in results.items() if name.startswith(PREFIX)}
     if not checks:
         return {"export": None}
     first = next(iter(checks.values()))
-    systems = list(first["systems"])
     tokens_differ, tokenizers_differ = [], []
     for model, record in checks.items():
         for system, checked in record["systems"].items():
@@ -31,7 +30,7 @@ def export_section(results: dict) -> dict:
     logits = [record["systems"]["transformers"]["max_logit_difference"] for record in checks.values()
               if record["systems"].get("transformers", {}).get("max_logit_difference") is not None]
     return {"export": {
-        "models": list(checks), "systems": systems, "new_tokens": first["new_tokens"],
+        "new_tokens": first["new_tokens"],
         "texts": first["tokenizer_texts"], "file_type": first["systems"].get("llama.cpp", {}).get("file_type"),
         "tokens_differ": tokens_differ, "tokenizers_differ": tokenizers_differ,
         "max_logit": max(logits) if logits else None,

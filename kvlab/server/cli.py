@@ -228,7 +228,7 @@ def export(args) -> int:
     from kvlab.engine.checkpoint import CheckpointError
     from kvlab.engine.data import read_texts
     from kvlab.engine.tokenizer import TokenizerError
-    from kvlab.export.run import ExportError, export as run_export, record_path
+    from kvlab.export.run import ExportError, agrees, export as run_export, record_path, said
     from kvlab.io import read_json
 
     try:
@@ -242,13 +242,8 @@ def export(args) -> int:
     except (ExportError, CheckpointError, TokenizerError) as err:
         print(f"kvlab export: {err}", file=sys.stderr)
         return 2
-    where = "transformers" if args.to == "hf" else "llama.cpp"
-    tokens = ("the same" if record["same_tokens"] else
-              f"not the same (the first differs at {record['first_difference']['position']})")
-    print(f"{args.out}: {where} gives {tokens} {record['new_tokens']} greedy tokens as kvlab's generate; its tokenizer "
-          f"differs on {record['tokenizer_differs']} of {record['tokenizer_texts']} texts; record: "
-          f"{record_path(args.to, args.out)}")
-    return 0 if record["same_tokens"] and not record["tokenizer_differs"] else 1
+    print(f"{said(record, args.out)}; record: {record_path(args.to, args.out)}")
+    return 0 if agrees(record) else 1
 
 
 def main(argv=None) -> None:
